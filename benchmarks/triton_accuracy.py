@@ -1,0 +1,74 @@
+"""Accuracy table of every Triton kernel against the float64 reference, on a CUDA GPU.
+
+``python benchmarks/triton_accuracy.py`` writes ``benchmarks/results/triton_accuracy_<device>.json``
+and prints one row per (kernel, dtype, shape): the relative RMSE of o, the final state and every gradient.
+The pass/fail bounds live in the tests (tests/test_triton_*.py); this script records the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import torch
+
+from gla_ref import bench, testing, torch_ref
+from gla_ref import triton as gla_triton
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+SHAPES = [  # (B, T, H, K, V): realistic, then awkward
+    (4, 4096, 8, 128, 128),
+    (1, 1, 2, 20, 24),
+    (2, 63, 3, 100, 72),
+    (2, 1000, 2, 64, 256),
+]
+KERNELS = {  # name -> (gate kind, call)
+    "fused_recurrent_gla": ("gla", gla_triton.fused_recurrent_gla),
+    "fused_chunk_gla": ("gla", gla_triton.fused_chunk_gla),
+    "chunk_gla": ("gla", gla_triton.chunk_gla),
+    "chunk_simple_gla[g]": ("scalar", lambda q, k, v, g, **kw: gla_triton.chunk_simple_gla(q, k, v, g=g, **kw)),
+    "chunk_simple_gla[g_gamma]": ("const", lambda q, k, v, g, **kw: gla_triton.chunk_simple_gla(q, k, v, g_gamma=g, **kw)),
+}
+NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dh0")
+
+
+def run(fn, x, do, dht):
+    """Outputs and gradients of one call: o, final state, then d(q, k, v, g, h0)."""
+    o, ht = fn(x["q"], x["k"], x["v"], x["g"], initial_state=x["initial_state"], output_final_state=True)
+    leaves = [x[n] for n in ("q", "k", "v", "g", "initial_state")]
+    wants = [t for t in leaves if t.requires_grad]
+    grads = torch.autograd.grad([o, ht], wants, [do.to(o.dtype), dht], allow_unused=True)
+    grads = iter(grads)
+    return [o, ht] + [next(grads) if t.requires_grad else None for t in leaves]
+
+
+def main():
+    env = bench.environment()
+    rows = []
+    for name, (gate, fn) in KERNELS.items():
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for shape in SHAPES:
+                raw = testing.random_inputs(*shape, gate=gate, seed=1, tau=16.0, initial_state=True)
+                x = testing.as_torch(raw, dtype=dtype, device="cuda", requires_grad=True)
+                if gate == "const":  # g_gamma is a fixed hyper-parameter of the kernel
+                    x["g"].requires_grad_(False)
+                x64 = testing.as_torch(raw, dtype=torch.float64, device="cuda", requires_grad=True)
+                gen = torch.Generator(device="cuda").manual_seed(2)
+                do = torch.randn(x["v"].shape, device="cuda", dtype=torch.float64, generator=gen)
+                dht = torch.randn(x["initial_state"].shape, device="cuda", dtype=torch.float64, generator=gen)
+                ref = run(torch_ref.chunk_gla, x64, do, dht)
+                out = run(fn, x, do, dht.float())
+                errs = {n: (None if r is None or o is None else testing.rel_rmse(r, o))
+                        for n, r, o in zip(NAMES, ref, out)}
+                rows.append({"kernel": name, "dtype": str(dtype).replace("torch.", ""), "shape": shape, **errs})
+                print(rows[-1], flush=True)
+    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"triton_accuracy_{slug}.json"
+    path.write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""JAX references for Gated Linear Attention: the four forms of :mod:`gla_ref.torch_ref`.
+
+    S_t = diag(α_t) S_{t-1} + k_tᵀ v_t,   o_t = scale · q_t S_t,   α_t = exp(g_t)
+
+Function by function this module mirrors torch_ref (same names, signatures and steps), written
+with ``jax.numpy`` only. Every form is jittable (chunk and token loops are ``lax.scan``) and
+differentiable. Float64 needs x64 enabled by the caller (``with jax.enable_x64(True):``); this
+module never turns it on. Value checks (NaN/inf, positive gates) run when the values are concrete
+and are skipped while ``jit``/``vmap`` traces them. Matmuls ask for ``Precision.HIGHEST`` so the
+references stay float32-exact on GPU/TPU too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from gla_ref._validate import _check_gate, check_chunk_sizes, check_inputs
+
+__all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level", "expand_gate"]
+
+_HIGHEST = lax.Precision.HIGHEST
+
+
+def _mm(a, b):
+    return jnp.matmul(a, b, precision=_HIGHEST)
+
+
+def _t(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def expand_gate(g, B, T, H, K, *, dtype=jnp.float32):
+    """The log-gate as ``[B, T, H, K]`` for any accepted rank of g (zeros for None)."""
+    _check_gate(g, B, T, H, K, (None, 1, 3, 4))
+    if g is None:
+        return jnp.zeros((B, T, H, K), dtype)
+    if g.ndim == 1:  # [H]: one constant decay per head
+        return jnp.broadcast_to(g.reshape(1, 1, H, 1), (B, T, H, K))
+    if g.ndim == 3:  # [B, T, H]: one data-dependent scalar per token and head
+        return jnp.broadcast_to(g[..., None], (B, T, H, K))
+    return g
+
+
+def _concrete(x):
+    """x's value as a NumPy array, or None while jit/vmap traces it (jax.grad keeps it concrete)."""
+    if isinstance(x, jax.core.Tracer):
+        x = getattr(x, "to_concrete_value", lambda: None)()
+    return None if x is None else np.asarray(x)
+
+
+def _check_values(**arrays):
+    """NaN/inf in any input, or a positive log-gate, is a ValueError naming the argument."""
+    values = {name: _concrete(x) for name, x in arrays.items() if x is not None}
+    for name, x in values.items():
+        if x is not None and not np.isfinite(x).all():
+            raise ValueError(f"{name} contains NaN or inf values")
+    g = values.get("g")
+    if g is not None and (g > 0).any():
+        raise ValueError(f"g must hold log forget gates <= 0 (gates in (0, 1]), "
+                         f"got a maximum of {g.max():.3g}")
+
+
+def _check_scale(scale):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
+
+
+def _check_matmul_dtype(matmul_dtype):
+    if matmul_dtype is None:
+        return
+    try:
+        ok = jnp.issubdtype(jnp.dtype(matmul_dtype), jnp.floating)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise TypeError(f"matmul_dtype must be None or a floating dtype, got {matmul_dtype!r}")
+
+
+def _prepare(q, k, v, g, scale, initial_state):
+    """Validate, then return q·scale, k, v, g [B,H,T,K], h0 in the math dtype, heads first."""
+    dims = check_inputs(q, k, v, g, initial_state)
+    _check_scale(scale)
+    _check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    dt = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    scale = dims.K ** -0.5 if scale is None else scale
+    g = expand_gate(g, dims.B, dims.T, dims.H, dims.K, dtype=dt)
+    q, k, v, g = (jnp.swapaxes(x.astype(dt), 1, 2) for x in (q, k, v, g))
+    h0 = None if initial_state is None else initial_state.astype(dt)
+    return q * scale, k, v, g, h0, dims
+
+
+def _chunked(C, *xs):
+    """``[B, H, T, D]`` → ``[B, H, N, C, D]``, T padded with zeros to N·C (zero log-gate = no decay)."""
+    T = xs[0].shape[2]
+    pad = -T % C
+    return [jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(*x.shape[:2], -1, C, x.shape[-1])
+            for x in xs]
+
+
+def _output(o, dims, dtype):
+    """``[B, H, T', V]`` or ``[B, H, N, C, V]`` → ``[B, T, H, V]`` in q's dtype (padding dropped)."""
+    o = o.reshape(dims.B, dims.H, -1, dims.V)[:, :, :dims.T]
+    return jnp.swapaxes(o, 1, 2).astype(dtype)
+
+
+def _lowp(x, dtype):
+    """Round a matmul operand to ``dtype`` (fp16/bf16 tensor cores); the product accumulates in fp32."""
+    return x if dtype is None else x.astype(dtype).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- shared math
+
+def _causal(L):
+    return jnp.tril(jnp.ones((L, L), dtype=bool))
+
+
+def _decay_scores(q, k, bq, bk, mask):
+    """Eq. 4: ``P_ij = Σ_k q_ik k_jk exp(bq_ik − bk_jk)`` where ``mask_ij``, else 0.
+
+    Masked pairs get exponent −inf *before* exp, so no positive exponent is ever evaluated.
+    Memory is O(L²K): fine for a reference.
+    """
+    diff = bq[..., :, None, :] - bk[..., None, :, :]  # [..., Lq, Lk, K]
+    decay = jnp.exp(jnp.where(mask[..., None], diff, -jnp.inf))
+    return (q[..., :, None, :] * k[..., None, :, :] * decay).sum(-1)
+
+
+def _state_output(q, b, S):
+    """What the state entering a block gives its queries: ``(q ⊙ exp(b)) S``, b ≤ 0 from the block start."""
+    return _mm(q * jnp.exp(b), S)
+
+
+def _advance_state(S, k, v, b):
+    """The state after a block: ``diag(exp b_last) S + (k ⊙ exp(b_last − b))ᵀ v`` (exponents ≤ 0)."""
+    b_last = b[..., -1:, :]
+    S_new = _mm(_t(k * jnp.exp(b_last - b)), v)
+    return S_new if S is None else S_new + _t(jnp.exp(b_last)) * S
+
+
+def _scan_chunks(q, k, v, b, h0):
+    """Inter-chunk part: each chunk's queries read the state entering it; returns (o_inter, S_N)."""
+    B, H, N, C, K = q.shape
+    S = jnp.zeros((B, H, K, v.shape[-1]), q.dtype) if h0 is None else h0
+
+    def step(S, chunk):
+        q_n, k_n, v_n, b_n = chunk
+        return _advance_state(S, k_n, v_n, b_n), _state_output(q_n, b_n, S)
+
+    S, outs = lax.scan(step, S, tuple(jnp.moveaxis(x, 2, 0) for x in (q, k, v, b)))
+    return jnp.moveaxis(outs, 0, 2), S
+
+
+def _two_level_scores(q, k, b, c, matmul_dtype):
+    """The intra-chunk matrix P ``[..., C, C]`` from sub-chunks of size c (Fig. 3).
+
+    Diagonal blocks: Eq. 4 in full precision. Block (s, u), u < s: a matmul of
+    ``(Q_s ⊙ exp(b − r_s)) (K_u ⊙ exp(r_s − b))ᵀ`` with r_s the cumulative gate at the first row of
+    the query sub-chunk s, so both exponents are ≤ 0; operands rounded to ``matmul_dtype``.
+    """
+    *lead, C, K = q.shape
+    Ns = C // c
+    qs, ks, bs = (x.reshape(*lead, Ns, c, K) for x in (q, k, b))  # [..., Ns, c, K]
+    P_diag = _decay_scores(qs, ks, bs, bs, _causal(c))  # [..., Ns, c, c]
+    r = bs[..., :, :1, :]  # [..., Ns, 1, K]
+    q_hat = qs * jnp.exp(bs - r)
+    earlier = jnp.tril(jnp.ones((Ns, Ns), dtype=bool), -1)  # [s, u]: u < s
+    diff = r[..., :, None, :, :] - bs[..., None, :, :, :]  # [..., s, u, c, K]
+    k_hat = ks[..., None, :, :, :] * jnp.exp(jnp.where(earlier[:, :, None, None], diff, -jnp.inf))
+    P_off = _mm(_lowp(q_hat, matmul_dtype)[..., :, None, :, :], _t(_lowp(k_hat, matmul_dtype)))
+    diagonal = jnp.eye(Ns, dtype=bool)[:, :, None, None]
+    P = jnp.where(diagonal, P_diag[..., :, None, :, :], P_off)  # [..., s, u, c(i), c(j)]
+    return jnp.swapaxes(P, -3, -2).reshape(*lead, C, C)
+
+
+# ----------------------------------------------------------------------------- the four forms
+
+def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False):
+    """The recurrence token by token: ``S_t = diag(α_t) S_{t−1} + k_tᵀ v_t``, ``o_t = q_t S_t``."""
+    dtype = q.dtype
+    q, k, v, g, S, dims = _prepare(q, k, v, g, scale, initial_state)
+    if S is None:
+        S = jnp.zeros((dims.B, dims.H, dims.K, dims.V), q.dtype)
+
+    def step(S, token):
+        q_t, k_t, v_t, g_t = token
+        S = jnp.exp(g_t[..., :, None]) * S + k_t[..., :, None] * v_t[..., None, :]
+        return S, _mm(q_t[..., None, :], S)[..., 0, :]  # [B, H, V]
+
+    S, outs = lax.scan(step, S, tuple(jnp.moveaxis(x, 2, 0) for x in (q, k, v, g)))
+    o = jnp.moveaxis(outs, 0, 2)
+    return _output(o, dims, dtype), (S if output_final_state else None)
+
+
+def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False):
+    """Eq. 4 over the whole sequence, with ``b_t = Σ_{s≤t} g_s``: ``o = (P ⊙ M) V + (Q ⊙ exp b) S_0``."""
+    dtype = q.dtype
+    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    b = jnp.cumsum(g, 2)
+    o = _mm(_decay_scores(q, k, b, b, _causal(dims.T)), v)
+    if h0 is not None:
+        o = o + _state_output(q, b, h0)
+    S = _advance_state(h0, k, v, b) if output_final_state else None
+    return _output(o, dims, dtype), S
+
+
+def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
+              chunk_size=64):
+    """Chunkwise form: intra-chunk by Eq. 4, inter-chunk through the state entering each chunk."""
+    check_chunk_sizes(chunk_size)
+    dtype = q.dtype
+    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    q, k, v, g = _chunked(chunk_size, q, k, v, g)
+    b = jnp.cumsum(g, -2)  # cumulative log-gate from the chunk start
+    o_intra = _mm(_decay_scores(q, k, b, b, _causal(chunk_size)), v)
+    o_inter, S = _scan_chunks(q, k, v, b, h0)
+    return _output(o_intra + o_inter, dims, dtype), (S if output_final_state else None)
+
+
+def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
+                        chunk_size=64, sub_chunk_size=16, matmul_dtype=None):
+    """Chunkwise form with secondary-level chunking (Fig. 3 / Fig. 7 of the paper).
+
+    ``matmul_dtype`` (e.g. jnp.float16) rounds the operands of the inter-sub-chunk matmuls,
+    simulating half-precision tensor cores with float32 accumulation.
+    """
+    check_chunk_sizes(chunk_size, sub_chunk_size)
+    _check_matmul_dtype(matmul_dtype)
+    dtype = q.dtype
+    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    q, k, v, g = _chunked(chunk_size, q, k, v, g)
+    b = jnp.cumsum(g, -2)
+    o_intra = _mm(_two_level_scores(q, k, b, sub_chunk_size, matmul_dtype), v)
+    o_inter, S = _scan_chunks(q, k, v, b, h0)
+    return _output(o_intra + o_inter, dims, dtype), (S if output_final_state else None)

@@ -1,0 +1,99 @@
+"""Inputs and error measures shared by the tests and the notebooks.
+
+Inputs are made in NumPy (float64) from a seed, then handed to a framework with
+:func:`as_torch` or :func:`as_jax`, so PyTorch and JAX see the very same numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GATES = ("none", "const", "scalar", "gla")
+"""Gate kinds, by the rank of ``g``: None, [H], [B,T,H], [B,T,H,K]."""
+
+
+def _log_sigmoid(x: np.ndarray) -> np.ndarray:
+    return -np.logaddexp(0.0, -x)
+
+
+def random_inputs(B=2, T=37, H=2, K=20, V=24, gate="gla", *, seed=0, tau=4.0,
+                  initial_state=False):
+    """Seeded float64 inputs ``{"q","k","v","g","initial_state"}`` as NumPy arrays.
+
+    ``gate`` picks the family (see :data:`GATES`). Log-gates are ``logsigmoid(x) / tau``
+    with ``x ~ N(0, 1)``, the paper's parameterisation: larger ``tau`` means slower decay.
+    ``g`` is None for ``gate="none"``; ``initial_state`` is None unless asked for.
+    """
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, T, H, K))
+    k = rng.standard_normal((B, T, H, K))
+    v = rng.standard_normal((B, T, H, V))
+    g_shape = {"none": None, "const": (H,), "scalar": (B, T, H), "gla": (B, T, H, K)}[gate]
+    g = None if g_shape is None else _log_sigmoid(rng.standard_normal(g_shape)) / tau
+    h0 = rng.standard_normal((B, H, K, V)) if initial_state else None
+    return {"q": q, "k": k, "v": v, "g": g, "initial_state": h0}
+
+
+def as_torch(inputs, dtype=None, device=None, requires_grad=False):
+    """The same dict as PyTorch tensors (``dtype`` default float32; states stay float32 or float64)."""
+    import torch
+
+    dtype = dtype or torch.float32
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    out = {}
+    for name, x in inputs.items():
+        if x is None:
+            out[name] = None
+            continue
+        # gates and states keep full precision; q, k, v take the requested dtype
+        dt = state_dtype if name in ("g", "initial_state") else dtype
+        out[name] = torch.tensor(x, dtype=dt, device=device).requires_grad_(requires_grad)
+    return out
+
+
+def as_jax(inputs, dtype=None):
+    """The same dict as JAX arrays (``dtype`` default float32; states stay float32 or float64)."""
+    import jax.numpy as jnp
+
+    dtype = jnp.dtype(dtype or jnp.float32)
+    state_dtype = jnp.float64 if dtype == jnp.float64 else jnp.float32
+    out = {}
+    for name, x in inputs.items():
+        if x is None:
+            out[name] = None
+            continue
+        dt = state_dtype if name in ("g", "initial_state") else dtype
+        out[name] = jnp.asarray(x, dtype=dt)
+    return out
+
+
+def to_numpy(x) -> np.ndarray:
+    """Any tensor (PyTorch, JAX, NumPy) as a float64 NumPy array."""
+    if hasattr(x, "detach"):
+        return x.detach().cpu().double().numpy()  # a PyTorch tensor
+    return np.asarray(x, dtype=np.float64)
+
+
+def rel_rmse(ref, out) -> float:
+    """Relative RMSE ``‖ref − out‖ / ‖ref‖`` in float64 (0 when both are zero)."""
+    ref, out = to_numpy(ref), to_numpy(out)
+    if ref.shape != out.shape:
+        raise ValueError(f"shapes differ: ref {ref.shape} vs out {out.shape}")
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    denom = np.linalg.norm(ref)
+    err = np.linalg.norm(ref - out)
+    return float(err / denom) if denom > 0 else float(err)
+
+
+def assert_close(name: str, ref, out, tol: float) -> float:
+    """Assert ``rel_rmse(ref, out) <= tol``; the message names the tensor and the error found.
+
+    Returns the error, so a notebook can print or plot it.
+    """
+    err = rel_rmse(ref, out)
+    if not err <= tol:
+        raise AssertionError(f"{name}: relative RMSE {err:.3e} exceeds tolerance {tol:.1e}")
+    return err

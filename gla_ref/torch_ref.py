@@ -1,0 +1,259 @@
+"""PyTorch references for Gated Linear Attention: four forms of one recurrence.
+
+    S_t = diag(α_t) S_{t-1} + k_tᵀ v_t,   o_t = scale · q_t S_t,   α_t = exp(g_t)
+
+* :func:`recurrent_gla`       — the recurrence itself, token by token.
+* :func:`parallel_gla`        — the parallel form in log space (Eq. 4 of the paper).
+* :func:`chunk_gla`           — chunkwise: inter-chunk through the state, intra-chunk by Eq. 4.
+* :func:`chunk_gla_two_level` — chunkwise with secondary-level chunking (Fig. 3 / Fig. 7): blocks
+  between sub-chunks by matmuls (operands optionally in half precision), diagonal blocks by Eq. 4.
+
+Teaching variants that show why the log-space forms exist: :func:`parallel_gla_naive` and
+:func:`chunk_gla_direct`. :mod:`gla_ref.jax_ref` mirrors this module function by function.
+
+Inputs use the ``[B, T, H, D]`` layout; inside, tensors are ``[B, H, T, D]`` (chunked:
+``[B, H, N, C, D]``). Math runs in float32 (float64 for float64 input); ``o`` comes back in q's
+dtype, the final state in the math dtype. Every exponent evaluated is ≤ 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from gla_ref._validate import _check_gate, check_chunk_sizes, check_inputs
+
+__all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level",
+           "parallel_gla_naive", "chunk_gla_direct", "expand_gate"]
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def expand_gate(g, B, T, H, K, *, dtype=torch.float32, device=None):
+    """The log-gate as ``[B, T, H, K]`` for any accepted rank of g (zeros for None)."""
+    _check_gate(g, B, T, H, K, (None, 1, 3, 4))
+    if g is None:
+        return torch.zeros(B, T, H, K, dtype=dtype, device=device)
+    if g.ndim == 1:  # [H]: one constant decay per head
+        return g.view(1, 1, H, 1).expand(B, T, H, K)
+    if g.ndim == 3:  # [B, T, H]: one data-dependent scalar per token and head
+        return g.unsqueeze(-1).expand(B, T, H, K)
+    return g
+
+
+def _check_values(**tensors):
+    """NaN/inf in any input, or a positive log-gate, is a ValueError naming the argument."""
+    for name, x in tensors.items():
+        if x is not None and not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} contains NaN or inf values")
+    g = tensors.get("g")
+    if g is not None and bool((g > 0).any()):
+        raise ValueError(f"g must hold log forget gates <= 0 (gates in (0, 1]), "
+                         f"got a maximum of {g.max().item():.3g}")
+
+
+def _check_scale(scale):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
+
+
+def _check_matmul_dtype(matmul_dtype):
+    if matmul_dtype is not None and not (isinstance(matmul_dtype, torch.dtype)
+                                         and matmul_dtype.is_floating_point):
+        raise TypeError(f"matmul_dtype must be None or a floating torch dtype, got {matmul_dtype!r}")
+
+
+def _prepare(q, k, v, g, scale, initial_state):
+    """Validate, then return q·scale, k, v, g [B,H,T,K], h0 in the math dtype, heads first."""
+    dims = check_inputs(q, k, v, g, initial_state)
+    _check_scale(scale)
+    _check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = dims.K ** -0.5 if scale is None else scale
+    g = expand_gate(g, dims.B, dims.T, dims.H, dims.K, dtype=dt, device=q.device)
+    q, k, v, g = (x.to(dt).transpose(1, 2) for x in (q, k, v, g))
+    h0 = None if initial_state is None else initial_state.to(dt)
+    return q * scale, k, v, g, h0, dims
+
+
+def _chunked(C, *xs):
+    """``[B, H, T, D]`` → ``[B, H, N, C, D]``, T padded with zeros to N·C (zero log-gate = no decay)."""
+    T = xs[0].shape[2]
+    pad = -T % C
+    return [F.pad(x, (0, 0, 0, pad)).unflatten(2, (-1, C)) for x in xs]
+
+
+def _output(o, dims, dtype):
+    """``[B, H, T', V]`` or ``[B, H, N, C, V]`` → ``[B, T, H, V]`` in q's dtype (padding dropped)."""
+    o = o.reshape(dims.B, dims.H, -1, dims.V)[:, :, :dims.T]
+    return o.transpose(1, 2).to(dtype)
+
+
+def _lowp(x, dtype):
+    """Round a matmul operand to ``dtype`` (fp16/bf16 tensor cores); the product accumulates in fp32."""
+    return x if dtype is None else x.to(dtype).to(x.dtype)
+
+
+# ----------------------------------------------------------------------------- shared math
+
+def _causal(L, device):
+    return torch.ones(L, L, dtype=torch.bool, device=device).tril()
+
+
+def _decay_scores(q, k, bq, bk, mask):
+    """Eq. 4: ``P_ij = Σ_k q_ik k_jk exp(bq_ik − bk_jk)`` where ``mask_ij``, else 0.
+
+    Masked pairs get exponent −inf *before* exp, so no positive exponent is ever evaluated.
+    Memory is O(L²K): fine for a reference.
+    """
+    diff = bq[..., :, None, :] - bk[..., None, :, :]  # [..., Lq, Lk, K]
+    decay = torch.exp(torch.where(mask[..., None], diff, float("-inf")))
+    return (q[..., :, None, :] * k[..., None, :, :] * decay).sum(-1)
+
+
+def _state_output(q, b, S):
+    """What the state entering a block gives its queries: ``(q ⊙ exp(b)) S``, b ≤ 0 from the block start."""
+    return (q * torch.exp(b)) @ S
+
+
+def _advance_state(S, k, v, b):
+    """The state after a block: ``diag(exp b_last) S + (k ⊙ exp(b_last − b))ᵀ v`` (exponents ≤ 0)."""
+    b_last = b[..., -1:, :]
+    S_new = (k * torch.exp(b_last - b)).transpose(-1, -2) @ v
+    return S_new if S is None else S_new + torch.exp(b_last).transpose(-1, -2) * S
+
+
+def _scan_chunks(q, k, v, b, h0):
+    """Inter-chunk part: each chunk's queries read the state entering it; returns (o_inter, S_N)."""
+    B, H, N, C, K = q.shape
+    S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype, device=q.device) if h0 is None else h0
+    outs = []
+    for n in range(N):
+        outs.append(_state_output(q[:, :, n], b[:, :, n], S))
+        S = _advance_state(S, k[:, :, n], v[:, :, n], b[:, :, n])
+    return torch.stack(outs, 2), S
+
+
+def _two_level_scores(q, k, b, c, matmul_dtype):
+    """The intra-chunk matrix P ``[..., C, C]`` from sub-chunks of size c (Fig. 3).
+
+    Diagonal blocks: Eq. 4 in full precision. Block (s, u), u < s: a matmul of
+    ``(Q_s ⊙ exp(b − r_s)) (K_u ⊙ exp(r_s − b))ᵀ`` with r_s the cumulative gate at the first row of
+    the query sub-chunk s, so both exponents are ≤ 0; operands rounded to ``matmul_dtype``.
+    """
+    *lead, C, K = q.shape
+    Ns = C // c
+    qs, ks, bs = (x.unflatten(-2, (Ns, c)) for x in (q, k, b))  # [..., Ns, c, K]
+    P_diag = _decay_scores(qs, ks, bs, bs, _causal(c, q.device))  # [..., Ns, c, c]
+    r = bs[..., :, :1, :]  # [..., Ns, 1, K]
+    q_hat = qs * torch.exp(bs - r)
+    earlier = torch.ones(Ns, Ns, dtype=torch.bool, device=q.device).tril(-1)  # [s, u]: u < s
+    diff = r[..., :, None, :, :] - bs[..., None, :, :, :]  # [..., s, u, c, K]
+    k_hat = ks[..., None, :, :, :] * torch.exp(torch.where(earlier[:, :, None, None], diff, float("-inf")))
+    P_off = _lowp(q_hat, matmul_dtype)[..., :, None, :, :] @ _lowp(k_hat, matmul_dtype).transpose(-1, -2)
+    diagonal = torch.eye(Ns, dtype=torch.bool, device=q.device)[:, :, None, None]
+    P = torch.where(diagonal, P_diag[..., :, None, :, :], P_off)  # [..., s, u, c(i), c(j)]
+    return P.transpose(-3, -2).reshape(*lead, C, C)
+
+
+# ----------------------------------------------------------------------------- the four forms
+
+def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False):
+    """The recurrence token by token: ``S_t = diag(α_t) S_{t−1} + k_tᵀ v_t``, ``o_t = q_t S_t``."""
+    dtype = q.dtype
+    q, k, v, g, S, dims = _prepare(q, k, v, g, scale, initial_state)
+    if S is None:
+        S = torch.zeros(dims.B, dims.H, dims.K, dims.V, dtype=q.dtype, device=q.device)
+    outs = []
+    for t in range(dims.T):
+        S = torch.exp(g[:, :, t, :, None]) * S + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append(q[:, :, t, None, :] @ S)  # [B, H, 1, V]
+    o = torch.cat(outs, 2)
+    return _output(o, dims, dtype), (S if output_final_state else None)
+
+
+def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False):
+    """Eq. 4 over the whole sequence, with ``b_t = Σ_{s≤t} g_s``: ``o = (P ⊙ M) V + (Q ⊙ exp b) S_0``."""
+    dtype = q.dtype
+    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    b = g.cumsum(2)
+    o = _decay_scores(q, k, b, b, _causal(dims.T, q.device)) @ v
+    if h0 is not None:
+        o = o + _state_output(q, b, h0)
+    S = _advance_state(h0, k, v, b) if output_final_state else None
+    return _output(o, dims, dtype), S
+
+
+def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
+              chunk_size=64):
+    """Chunkwise form: intra-chunk by Eq. 4, inter-chunk through the state entering each chunk."""
+    check_chunk_sizes(chunk_size)
+    dtype = q.dtype
+    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    q, k, v, g = _chunked(chunk_size, q, k, v, g)
+    b = g.cumsum(-2)  # cumulative log-gate from the chunk start
+    o_intra = _decay_scores(q, k, b, b, _causal(chunk_size, q.device)) @ v
+    o_inter, S = _scan_chunks(q, k, v, b, h0)
+    return _output(o_intra + o_inter, dims, dtype), (S if output_final_state else None)
+
+
+def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
+                        chunk_size=64, sub_chunk_size=16, matmul_dtype=None):
+    """Chunkwise form with secondary-level chunking (Fig. 3 / Fig. 7 of the paper).
+
+    ``matmul_dtype`` (e.g. torch.float16) rounds the operands of the inter-sub-chunk matmuls,
+    simulating half-precision tensor cores with float32 accumulation.
+    """
+    check_chunk_sizes(chunk_size, sub_chunk_size)
+    _check_matmul_dtype(matmul_dtype)
+    dtype = q.dtype
+    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    q, k, v, g = _chunked(chunk_size, q, k, v, g)
+    b = g.cumsum(-2)
+    o_intra = _two_level_scores(q, k, b, sub_chunk_size, matmul_dtype) @ v
+    o_inter, S = _scan_chunks(q, k, v, b, h0)
+    return _output(o_intra + o_inter, dims, dtype), (S if output_final_state else None)
+
+
+# ----------------------------------------------------------------------------- teaching variants
+
+def parallel_gla_naive(q, k, v, g=None, *, scale=None):
+    """``O = ((Q ⊙ B)(K / B)ᵀ ⊙ M) V`` with ``B = cumprod(α)`` in q's dtype.
+
+    Numerically unsafe on purpose: for long T or strong gates B underflows, K/B overflows and
+    the output holds inf/NaN. :func:`parallel_gla` is the log-space fix.
+    """
+    dims = check_inputs(q, k, v, g)
+    _check_scale(scale)
+    _check_values(q=q, k=k, v=v, g=g)
+    scale = dims.K ** -0.5 if scale is None else scale
+    g = expand_gate(g, dims.B, dims.T, dims.H, dims.K, dtype=q.dtype, device=q.device)
+    Bc = torch.cumprod(torch.exp(g.to(q.dtype)), dim=1)  # B_t = α_1 ⋯ α_t
+    q, k, v, Bc = (x.transpose(1, 2) for x in (q * scale, k, v, Bc))
+    A = (q * Bc) @ (k / Bc).transpose(-1, -2)
+    A = torch.where(_causal(dims.T, q.device), A, 0.0)
+    return (A @ v).transpose(1, 2)
+
+
+def chunk_gla_direct(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
+                     chunk_size=16, matmul_dtype=None):
+    """One-level chunkwise form whose intra-chunk part is the plain matmul ``(Q ⊙ Λ)(K / Λ)ᵀ``.
+
+    Λ = exp of the cumulative gate from the chunk start, so ``K / Λ`` grows like ``exp(C·|g|)``:
+    with operands in half precision (``matmul_dtype``) the error grows with the chunk size — the
+    paper's "direct adaptation" that needs C = 16. :func:`chunk_gla_two_level` is the stable version.
+    """
+    check_chunk_sizes(chunk_size)
+    _check_matmul_dtype(matmul_dtype)
+    dtype = q.dtype
+    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    q, k, v, g = _chunked(chunk_size, q, k, v, g)
+    b = g.cumsum(-2)
+    Lam = torch.exp(b)
+    A = _lowp(q * Lam, matmul_dtype) @ _lowp(k / Lam, matmul_dtype).transpose(-1, -2)
+    A = torch.where(_causal(chunk_size, q.device), A, 0.0)
+    o_inter, S = _scan_chunks(q, k, v, b, h0)
+    return _output(A @ v + o_inter, dims, dtype), (S if output_final_state else None)

@@ -1,0 +1,19 @@
+"""Shared pytest setup: the tests folder on sys.path (for ``recurrence64``) and a JAX x64 fixture."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def x64():
+    """Enable JAX float64 for one test only, so other tests (Pallas kernels) keep float32 defaults."""
+    import jax
+
+    with jax.enable_x64(True):
+        yield
