@@ -13,6 +13,7 @@ references stay float32-exact on GPU/TPU too.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -68,9 +69,19 @@ def _check_values(**arrays):
 
 
 def _check_scale(scale):
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+
+
+def _check_sub_chunk_size(chunk_size, sub_chunk_size):
+    """Like check_chunk_sizes, where None is not allowed for the sub-chunk."""
+    if sub_chunk_size is None:
+        raise ValueError("sub_chunk_size must be a positive int, got None")
+    check_chunk_sizes(chunk_size, sub_chunk_size)
 
 
 def _check_matmul_dtype(matmul_dtype):
@@ -84,17 +95,24 @@ def _check_matmul_dtype(matmul_dtype):
         raise TypeError(f"matmul_dtype must be None or a floating dtype, got {matmul_dtype!r}")
 
 
-def _prepare(q, k, v, g, scale, initial_state):
-    """Validate, then return q·scale, k, v, g [B,H,T,K], h0 in the math dtype, heads first."""
+def _checked(q, k, v, g, scale, initial_state):
+    """Validate the inputs; return them with g as ``[B, T, H, K]``, a zero initial state where none
+    is given, and the default scale filled in."""
     dims = check_inputs(q, k, v, g, initial_state)
     _check_scale(scale)
     _check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    g = expand_gate(g, dims.B, dims.T, dims.H, dims.K)
+    if initial_state is None:  # an empty state: every form then has one code path
+        initial_state = jnp.zeros((dims.B, dims.H, dims.K, dims.V))
+    scale = dims.K ** -0.5 if scale is None else float(scale)
+    return q, k, v, g, initial_state, scale
+
+
+def _to_math(q, k, v, g, h0, scale):
+    """q·scale, k, v, g heads first (``[B, H, T, D]``) and h0, all in the math dtype (float32/float64)."""
     dt = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
-    scale = dims.K ** -0.5 if scale is None else scale
-    g = expand_gate(g, dims.B, dims.T, dims.H, dims.K, dtype=dt)
     q, k, v, g = (jnp.swapaxes(x.astype(dt), 1, 2) for x in (q, k, v, g))
-    h0 = None if initial_state is None else initial_state.astype(dt)
-    return q * scale, k, v, g, h0, dims
+    return q * scale, k, v, g, h0.astype(dt)
 
 
 def _chunked(C, *xs):
@@ -105,9 +123,10 @@ def _chunked(C, *xs):
             for x in xs]
 
 
-def _output(o, dims, dtype):
+def _output(o, T, dtype):
     """``[B, H, T', V]`` or ``[B, H, N, C, V]`` → ``[B, T, H, V]`` in q's dtype (padding dropped)."""
-    o = o.reshape(dims.B, dims.H, -1, dims.V)[:, :, :dims.T]
+    B, H, V = o.shape[0], o.shape[1], o.shape[-1]
+    o = o.reshape(B, H, -1, V)[:, :, :T]
     return jnp.swapaxes(o, 1, 2).astype(dtype)
 
 
@@ -142,19 +161,16 @@ def _advance_state(S, k, v, b):
     """The state after a block: ``diag(exp b_last) S + (k ⊙ exp(b_last − b))ᵀ v`` (exponents ≤ 0)."""
     b_last = b[..., -1:, :]
     S_new = _mm(_t(k * jnp.exp(b_last - b)), v)
-    return S_new if S is None else S_new + _t(jnp.exp(b_last)) * S
+    return _t(jnp.exp(b_last)) * S + S_new
 
 
 def _scan_chunks(q, k, v, b, h0):
     """Inter-chunk part: each chunk's queries read the state entering it; returns (o_inter, S_N)."""
-    B, H, N, C, K = q.shape
-    S = jnp.zeros((B, H, K, v.shape[-1]), q.dtype) if h0 is None else h0
-
     def step(S, chunk):
         q_n, k_n, v_n, b_n = chunk
         return _advance_state(S, k_n, v_n, b_n), _state_output(q_n, b_n, S)
 
-    S, outs = lax.scan(step, S, tuple(jnp.moveaxis(x, 2, 0) for x in (q, k, v, b)))
+    S, outs = lax.scan(step, h0, tuple(jnp.moveaxis(x, 2, 0) for x in (q, k, v, b)))
     return jnp.moveaxis(outs, 0, 2), S
 
 
@@ -167,61 +183,77 @@ def _two_level_scores(q, k, b, c, matmul_dtype):
     """
     *lead, C, K = q.shape
     Ns = C // c
-    qs, ks, bs = (x.reshape(*lead, Ns, c, K) for x in (q, k, b))  # [..., Ns, c, K]
-    P_diag = _decay_scores(qs, ks, bs, bs, _causal(c))  # [..., Ns, c, c]
-    r = bs[..., :, :1, :]  # [..., Ns, 1, K]
+    # leading dims flattened: XLA:CPU 0.10 crashes compiling the gradient of rank-7 arrays here
+    qs, ks, bs = (x.reshape(-1, Ns, c, K) for x in (q, k, b))  # [L, Ns, c, K]
+    P_diag = _decay_scores(qs, ks, bs, bs, _causal(c))  # [L, Ns, c, c]
+    r = bs[..., :, :1, :]  # [L, Ns, 1, K]
     q_hat = qs * jnp.exp(bs - r)
     earlier = jnp.tril(jnp.ones((Ns, Ns), dtype=bool), -1)  # [s, u]: u < s
-    diff = r[..., :, None, :, :] - bs[..., None, :, :, :]  # [..., s, u, c, K]
+    diff = r[..., :, None, :, :] - bs[..., None, :, :, :]  # [L, s, u, c, K]
     k_hat = ks[..., None, :, :, :] * jnp.exp(jnp.where(earlier[:, :, None, None], diff, -jnp.inf))
     P_off = _mm(_lowp(q_hat, matmul_dtype)[..., :, None, :, :], _t(_lowp(k_hat, matmul_dtype)))
     diagonal = jnp.eye(Ns, dtype=bool)[:, :, None, None]
-    P = jnp.where(diagonal, P_diag[..., :, None, :, :], P_off)  # [..., s, u, c(i), c(j)]
+    P = jnp.where(diagonal, P_diag[..., :, None, :, :], P_off)  # [L, s, u, c(i), c(j)]
     return jnp.swapaxes(P, -3, -2).reshape(*lead, C, C)
 
 
 # ----------------------------------------------------------------------------- the four forms
+# Each public form checks its inputs, then calls a private jitted function holding only the math
+# (jit caches one compilation per shape and option, and inlines into a caller's jit).
 
 def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False):
     """The recurrence token by token: ``S_t = diag(α_t) S_{t−1} + k_tᵀ v_t``, ``o_t = q_t S_t``."""
-    dtype = q.dtype
-    q, k, v, g, S, dims = _prepare(q, k, v, g, scale, initial_state)
-    if S is None:
-        S = jnp.zeros((dims.B, dims.H, dims.K, dims.V), q.dtype)
+    o, S = _recurrent_gla(*_checked(q, k, v, g, scale, initial_state))
+    return o, (S if output_final_state else None)
+
+
+@partial(jax.jit, static_argnames=("scale",))
+def _recurrent_gla(q, k, v, g, h0, scale):
+    dtype, T = q.dtype, q.shape[1]
+    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
 
     def step(S, token):
         q_t, k_t, v_t, g_t = token
         S = jnp.exp(g_t[..., :, None]) * S + k_t[..., :, None] * v_t[..., None, :]
         return S, _mm(q_t[..., None, :], S)[..., 0, :]  # [B, H, V]
 
-    S, outs = lax.scan(step, S, tuple(jnp.moveaxis(x, 2, 0) for x in (q, k, v, g)))
+    S, outs = lax.scan(step, h0, tuple(jnp.moveaxis(x, 2, 0) for x in (q, k, v, g)))
     o = jnp.moveaxis(outs, 0, 2)
-    return _output(o, dims, dtype), (S if output_final_state else None)
+    return _output(o, T, dtype), S
 
 
 def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False):
     """Eq. 4 over the whole sequence, with ``b_t = Σ_{s≤t} g_s``: ``o = (P ⊙ M) V + (Q ⊙ exp b) S_0``."""
-    dtype = q.dtype
-    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    o, S = _parallel_gla(*_checked(q, k, v, g, scale, initial_state))
+    return o, (S if output_final_state else None)
+
+
+@partial(jax.jit, static_argnames=("scale",))
+def _parallel_gla(q, k, v, g, h0, scale):
+    dtype, T = q.dtype, q.shape[1]
+    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
     b = jnp.cumsum(g, 2)
-    o = _mm(_decay_scores(q, k, b, b, _causal(dims.T)), v)
-    if h0 is not None:
-        o = o + _state_output(q, b, h0)
-    S = _advance_state(h0, k, v, b) if output_final_state else None
-    return _output(o, dims, dtype), S
+    o = _mm(_decay_scores(q, k, b, b, _causal(T)), v) + _state_output(q, b, h0)
+    return _output(o, T, dtype), _advance_state(h0, k, v, b)
 
 
 def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
               chunk_size=64):
     """Chunkwise form: intra-chunk by Eq. 4, inter-chunk through the state entering each chunk."""
     check_chunk_sizes(chunk_size)
-    dtype = q.dtype
-    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    o, S = _chunk_gla(*_checked(q, k, v, g, scale, initial_state), chunk_size=chunk_size)
+    return o, (S if output_final_state else None)
+
+
+@partial(jax.jit, static_argnames=("scale", "chunk_size"))
+def _chunk_gla(q, k, v, g, h0, scale, *, chunk_size):
+    dtype, T = q.dtype, q.shape[1]
+    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
     q, k, v, g = _chunked(chunk_size, q, k, v, g)
     b = jnp.cumsum(g, -2)  # cumulative log-gate from the chunk start
     o_intra = _mm(_decay_scores(q, k, b, b, _causal(chunk_size)), v)
     o_inter, S = _scan_chunks(q, k, v, b, h0)
-    return _output(o_intra + o_inter, dims, dtype), (S if output_final_state else None)
+    return _output(o_intra + o_inter, T, dtype), S
 
 
 def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
@@ -231,12 +263,20 @@ def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, outp
     ``matmul_dtype`` (e.g. jnp.float16) rounds the operands of the inter-sub-chunk matmuls,
     simulating half-precision tensor cores with float32 accumulation.
     """
-    check_chunk_sizes(chunk_size, sub_chunk_size)
+    _check_sub_chunk_size(chunk_size, sub_chunk_size)
     _check_matmul_dtype(matmul_dtype)
-    dtype = q.dtype
-    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    o, S = _chunk_gla_two_level(*_checked(q, k, v, g, scale, initial_state), chunk_size=chunk_size,
+                                sub_chunk_size=sub_chunk_size,
+                                matmul_dtype=None if matmul_dtype is None else jnp.dtype(matmul_dtype))
+    return o, (S if output_final_state else None)
+
+
+@partial(jax.jit, static_argnames=("scale", "chunk_size", "sub_chunk_size", "matmul_dtype"))
+def _chunk_gla_two_level(q, k, v, g, h0, scale, *, chunk_size, sub_chunk_size, matmul_dtype):
+    dtype, T = q.dtype, q.shape[1]
+    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
     q, k, v, g = _chunked(chunk_size, q, k, v, g)
     b = jnp.cumsum(g, -2)
     o_intra = _mm(_two_level_scores(q, k, b, sub_chunk_size, matmul_dtype), v)
     o_inter, S = _scan_chunks(q, k, v, b, h0)
-    return _output(o_intra + o_inter, dims, dtype), (S if output_final_state else None)
+    return _output(o_intra + o_inter, T, dtype), S

@@ -55,9 +55,19 @@ def _check_values(**tensors):
 
 
 def _check_scale(scale):
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+
+
+def _check_sub_chunk_size(chunk_size, sub_chunk_size):
+    """Like check_chunk_sizes, where None is not allowed for the sub-chunk."""
+    if sub_chunk_size is None:
+        raise ValueError("sub_chunk_size must be a positive int, got None")
+    check_chunk_sizes(chunk_size, sub_chunk_size)
 
 
 def _check_matmul_dtype(matmul_dtype):
@@ -66,17 +76,24 @@ def _check_matmul_dtype(matmul_dtype):
         raise TypeError(f"matmul_dtype must be None or a floating torch dtype, got {matmul_dtype!r}")
 
 
-def _prepare(q, k, v, g, scale, initial_state):
-    """Validate, then return q·scale, k, v, g [B,H,T,K], h0 in the math dtype, heads first."""
+def _checked(q, k, v, g, scale, initial_state):
+    """Validate the inputs; return them with g as ``[B, T, H, K]``, a zero initial state where none
+    is given, and the default scale filled in."""
     dims = check_inputs(q, k, v, g, initial_state)
     _check_scale(scale)
     _check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    g = expand_gate(g, dims.B, dims.T, dims.H, dims.K, device=q.device)
+    if initial_state is None:  # an empty state: every form then has one code path
+        initial_state = torch.zeros(dims.B, dims.H, dims.K, dims.V, device=q.device)
+    scale = dims.K ** -0.5 if scale is None else float(scale)
+    return q, k, v, g, initial_state, scale
+
+
+def _to_math(q, k, v, g, h0, scale):
+    """q·scale, k, v, g heads first (``[B, H, T, D]``) and h0, all in the math dtype (float32/float64)."""
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    scale = dims.K ** -0.5 if scale is None else scale
-    g = expand_gate(g, dims.B, dims.T, dims.H, dims.K, dtype=dt, device=q.device)
     q, k, v, g = (x.to(dt).transpose(1, 2) for x in (q, k, v, g))
-    h0 = None if initial_state is None else initial_state.to(dt)
-    return q * scale, k, v, g, h0, dims
+    return q * scale, k, v, g, h0.to(dt)
 
 
 def _chunked(C, *xs):
@@ -86,9 +103,10 @@ def _chunked(C, *xs):
     return [F.pad(x, (0, 0, 0, pad)).unflatten(2, (-1, C)) for x in xs]
 
 
-def _output(o, dims, dtype):
+def _output(o, T, dtype):
     """``[B, H, T', V]`` or ``[B, H, N, C, V]`` → ``[B, T, H, V]`` in q's dtype (padding dropped)."""
-    o = o.reshape(dims.B, dims.H, -1, dims.V)[:, :, :dims.T]
+    B, H, V = o.shape[0], o.shape[1], o.shape[-1]
+    o = o.reshape(B, H, -1, V)[:, :, :T]
     return o.transpose(1, 2).to(dtype)
 
 
@@ -123,15 +141,13 @@ def _advance_state(S, k, v, b):
     """The state after a block: ``diag(exp b_last) S + (k ⊙ exp(b_last − b))ᵀ v`` (exponents ≤ 0)."""
     b_last = b[..., -1:, :]
     S_new = (k * torch.exp(b_last - b)).transpose(-1, -2) @ v
-    return S_new if S is None else S_new + torch.exp(b_last).transpose(-1, -2) * S
+    return torch.exp(b_last).transpose(-1, -2) * S + S_new
 
 
 def _scan_chunks(q, k, v, b, h0):
     """Inter-chunk part: each chunk's queries read the state entering it; returns (o_inter, S_N)."""
-    B, H, N, C, K = q.shape
-    S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype, device=q.device) if h0 is None else h0
-    outs = []
-    for n in range(N):
+    S, outs = h0, []
+    for n in range(q.shape[2]):  # N chunks, in order
         outs.append(_state_output(q[:, :, n], b[:, :, n], S))
         S = _advance_state(S, k[:, :, n], v[:, :, n], b[:, :, n])
     return torch.stack(outs, 2), S
@@ -146,58 +162,69 @@ def _two_level_scores(q, k, b, c, matmul_dtype):
     """
     *lead, C, K = q.shape
     Ns = C // c
-    qs, ks, bs = (x.unflatten(-2, (Ns, c)) for x in (q, k, b))  # [..., Ns, c, K]
-    P_diag = _decay_scores(qs, ks, bs, bs, _causal(c, q.device))  # [..., Ns, c, c]
-    r = bs[..., :, :1, :]  # [..., Ns, 1, K]
+    qs, ks, bs = (x.reshape(-1, Ns, c, K) for x in (q, k, b))  # [L, Ns, c, K], L = all leading dims
+    P_diag = _decay_scores(qs, ks, bs, bs, _causal(c, q.device))  # [L, Ns, c, c]
+    r = bs[..., :, :1, :]  # [L, Ns, 1, K]
     q_hat = qs * torch.exp(bs - r)
     earlier = torch.ones(Ns, Ns, dtype=torch.bool, device=q.device).tril(-1)  # [s, u]: u < s
-    diff = r[..., :, None, :, :] - bs[..., None, :, :, :]  # [..., s, u, c, K]
+    diff = r[..., :, None, :, :] - bs[..., None, :, :, :]  # [L, s, u, c, K]
     k_hat = ks[..., None, :, :, :] * torch.exp(torch.where(earlier[:, :, None, None], diff, float("-inf")))
     P_off = _lowp(q_hat, matmul_dtype)[..., :, None, :, :] @ _lowp(k_hat, matmul_dtype).transpose(-1, -2)
     diagonal = torch.eye(Ns, dtype=torch.bool, device=q.device)[:, :, None, None]
-    P = torch.where(diagonal, P_diag[..., :, None, :, :], P_off)  # [..., s, u, c(i), c(j)]
+    P = torch.where(diagonal, P_diag[..., :, None, :, :], P_off)  # [L, s, u, c(i), c(j)]
     return P.transpose(-3, -2).reshape(*lead, C, C)
 
 
 # ----------------------------------------------------------------------------- the four forms
+# Each public form checks its inputs, then calls a private function holding only the math.
 
 def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False):
     """The recurrence token by token: ``S_t = diag(α_t) S_{t−1} + k_tᵀ v_t``, ``o_t = q_t S_t``."""
-    dtype = q.dtype
-    q, k, v, g, S, dims = _prepare(q, k, v, g, scale, initial_state)
-    if S is None:
-        S = torch.zeros(dims.B, dims.H, dims.K, dims.V, dtype=q.dtype, device=q.device)
+    o, S = _recurrent_gla(*_checked(q, k, v, g, scale, initial_state))
+    return o, (S if output_final_state else None)
+
+
+def _recurrent_gla(q, k, v, g, h0, scale):
+    dtype, T = q.dtype, q.shape[1]
+    q, k, v, g, S = _to_math(q, k, v, g, h0, scale)
     outs = []
-    for t in range(dims.T):
+    for t in range(T):
         S = torch.exp(g[:, :, t, :, None]) * S + k[:, :, t, :, None] * v[:, :, t, None, :]
         outs.append(q[:, :, t, None, :] @ S)  # [B, H, 1, V]
     o = torch.cat(outs, 2)
-    return _output(o, dims, dtype), (S if output_final_state else None)
+    return _output(o, T, dtype), S
 
 
 def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False):
     """Eq. 4 over the whole sequence, with ``b_t = Σ_{s≤t} g_s``: ``o = (P ⊙ M) V + (Q ⊙ exp b) S_0``."""
-    dtype = q.dtype
-    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    o, S = _parallel_gla(*_checked(q, k, v, g, scale, initial_state))
+    return o, (S if output_final_state else None)
+
+
+def _parallel_gla(q, k, v, g, h0, scale):
+    dtype, T = q.dtype, q.shape[1]
+    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
     b = g.cumsum(2)
-    o = _decay_scores(q, k, b, b, _causal(dims.T, q.device)) @ v
-    if h0 is not None:
-        o = o + _state_output(q, b, h0)
-    S = _advance_state(h0, k, v, b) if output_final_state else None
-    return _output(o, dims, dtype), S
+    o = _decay_scores(q, k, b, b, _causal(T, q.device)) @ v + _state_output(q, b, h0)
+    return _output(o, T, dtype), _advance_state(h0, k, v, b)
 
 
 def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
               chunk_size=64):
     """Chunkwise form: intra-chunk by Eq. 4, inter-chunk through the state entering each chunk."""
     check_chunk_sizes(chunk_size)
-    dtype = q.dtype
-    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    o, S = _chunk_gla(*_checked(q, k, v, g, scale, initial_state), chunk_size=chunk_size)
+    return o, (S if output_final_state else None)
+
+
+def _chunk_gla(q, k, v, g, h0, scale, *, chunk_size):
+    dtype, T = q.dtype, q.shape[1]
+    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
     q, k, v, g = _chunked(chunk_size, q, k, v, g)
     b = g.cumsum(-2)  # cumulative log-gate from the chunk start
     o_intra = _decay_scores(q, k, b, b, _causal(chunk_size, q.device)) @ v
     o_inter, S = _scan_chunks(q, k, v, b, h0)
-    return _output(o_intra + o_inter, dims, dtype), (S if output_final_state else None)
+    return _output(o_intra + o_inter, T, dtype), S
 
 
 def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
@@ -207,15 +234,21 @@ def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, outp
     ``matmul_dtype`` (e.g. torch.float16) rounds the operands of the inter-sub-chunk matmuls,
     simulating half-precision tensor cores with float32 accumulation.
     """
-    check_chunk_sizes(chunk_size, sub_chunk_size)
+    _check_sub_chunk_size(chunk_size, sub_chunk_size)
     _check_matmul_dtype(matmul_dtype)
-    dtype = q.dtype
-    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    o, S = _chunk_gla_two_level(*_checked(q, k, v, g, scale, initial_state), chunk_size=chunk_size,
+                                sub_chunk_size=sub_chunk_size, matmul_dtype=matmul_dtype)
+    return o, (S if output_final_state else None)
+
+
+def _chunk_gla_two_level(q, k, v, g, h0, scale, *, chunk_size, sub_chunk_size, matmul_dtype):
+    dtype, T = q.dtype, q.shape[1]
+    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
     q, k, v, g = _chunked(chunk_size, q, k, v, g)
     b = g.cumsum(-2)
     o_intra = _two_level_scores(q, k, b, sub_chunk_size, matmul_dtype) @ v
     o_inter, S = _scan_chunks(q, k, v, b, h0)
-    return _output(o_intra + o_inter, dims, dtype), (S if output_final_state else None)
+    return _output(o_intra + o_inter, T, dtype), S
 
 
 # ----------------------------------------------------------------------------- teaching variants
@@ -226,15 +259,12 @@ def parallel_gla_naive(q, k, v, g=None, *, scale=None):
     Numerically unsafe on purpose: for long T or strong gates B underflows, K/B overflows and
     the output holds inf/NaN. :func:`parallel_gla` is the log-space fix.
     """
-    dims = check_inputs(q, k, v, g)
-    _check_scale(scale)
-    _check_values(q=q, k=k, v=v, g=g)
-    scale = dims.K ** -0.5 if scale is None else scale
-    g = expand_gate(g, dims.B, dims.T, dims.H, dims.K, dtype=q.dtype, device=q.device)
+    q, k, v, g, _, scale = _checked(q, k, v, g, scale, None)
+    T = q.shape[1]
     Bc = torch.cumprod(torch.exp(g.to(q.dtype)), dim=1)  # B_t = α_1 ⋯ α_t
     q, k, v, Bc = (x.transpose(1, 2) for x in (q * scale, k, v, Bc))
     A = (q * Bc) @ (k / Bc).transpose(-1, -2)
-    A = torch.where(_causal(dims.T, q.device), A, 0.0)
+    A = torch.where(_causal(T, q.device), A, 0.0)
     return (A @ v).transpose(1, 2)
 
 
@@ -243,17 +273,18 @@ def chunk_gla_direct(q, k, v, g=None, *, scale=None, initial_state=None, output_
     """One-level chunkwise form whose intra-chunk part is the plain matmul ``(Q ⊙ Λ)(K / Λ)ᵀ``.
 
     Λ = exp of the cumulative gate from the chunk start, so ``K / Λ`` grows like ``exp(C·|g|)``:
-    with operands in half precision (``matmul_dtype``) the error grows with the chunk size — the
+    with operands in half precision (``matmul_dtype``) it overflows once the chunk is long — the
     paper's "direct adaptation" that needs C = 16. :func:`chunk_gla_two_level` is the stable version.
     """
     check_chunk_sizes(chunk_size)
     _check_matmul_dtype(matmul_dtype)
-    dtype = q.dtype
-    q, k, v, g, h0, dims = _prepare(q, k, v, g, scale, initial_state)
+    q, k, v, g, h0, scale = _checked(q, k, v, g, scale, initial_state)
+    dtype, T = q.dtype, q.shape[1]
+    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
     q, k, v, g = _chunked(chunk_size, q, k, v, g)
     b = g.cumsum(-2)
     Lam = torch.exp(b)
     A = _lowp(q * Lam, matmul_dtype) @ _lowp(k / Lam, matmul_dtype).transpose(-1, -2)
     A = torch.where(_causal(chunk_size, q.device), A, 0.0)
     o_inter, S = _scan_chunks(q, k, v, b, h0)
-    return _output(A @ v + o_inter, dims, dtype), (S if output_final_state else None)
+    return _output(A @ v + o_inter, T, dtype), (S if output_final_state else None)
