@@ -173,3 +173,69 @@ def gla_io_bytes(B, T, H, K, V, dtype_bytes=2, gate="gla") -> int:
     """Bytes a GLA forward must read and write at least: q, k, v, the gates (fp32) and o."""
     gate_elems = {"none": 0, "const": H, "scalar": B * T * H, "gla": B * T * H * K}[gate]
     return (2 * B * T * H * K + 2 * B * T * H * V) * dtype_bytes + 4 * gate_elems
+
+
+def time_pallas_gla(Ts=(1024, 2048, 4096), B=2, H=16, K=128, V=128, chunk_size=64) -> dict:
+    """Forward and forward+backward times of the Pallas kernels, jax_ref under jit and (when PyTorch
+    sees CUDA) the Triton kernels, on the same bf16 numbers: ``{"env": ..., "rows": [...]}``.
+
+    Each row is ``{"T", "name", "median_ms", "compile_ms"}`` with names ending in ``fwd`` or ``fwd+bwd``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from gla_ref import device, gates, jax_ref
+    from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla
+
+    C = chunk_size
+    g_gamma = jnp.asarray(gates.slopes_to_g_gamma(gates.build_slope_tensor(H)), jnp.float32)
+    candidates = {
+        "pallas chunk_gla": lambda q, k, v, g: chunk_gla(q, k, v, g, chunk_size=C)[0],
+        "pallas fused_chunk_gla": lambda q, k, v, g: fused_chunk_gla(q, k, v, g, chunk_size=C)[0],
+        "pallas chunk_simple_gla g_gamma": lambda q, k, v, g: chunk_simple_gla(q, k, v, g_gamma=g_gamma,
+                                                                                chunk_size=C)[0],
+        "jax_ref.chunk_gla": lambda q, k, v, g: jax_ref.chunk_gla(q, k, v, g, chunk_size=C)[0],
+    }
+    rows = []
+    for T in Ts:
+        keys = jax.random.split(jax.random.key(0), 5)
+        q, k = (jax.random.normal(kk, (B, T, H, K), jnp.bfloat16) for kk in keys[:2])
+        v = jax.random.normal(keys[2], (B, T, H, V), jnp.bfloat16)
+        g = jax.nn.log_sigmoid(jax.random.normal(keys[3], (B, T, H, K))) / 16
+        do = jax.random.normal(keys[4], v.shape, jnp.bfloat16)
+        for name, fn in candidates.items():
+            loss = lambda *a, fn=fn: (fn(*a).astype(jnp.float32) * do).sum()  # noqa: E731
+            for mode, f in [("fwd", jax.jit(fn)), ("fwd+bwd", jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))))]:
+                try:
+                    t = time_jax(f, q, k, v, g)
+                except Exception as err:  # e.g. the reference running out of memory at long T
+                    rows.append({"T": T, "name": f"{name} {mode}", "error": type(err).__name__})
+                    continue
+                rows.append({"T": T, "name": f"{name} {mode}", "median_ms": t["median_ms"],
+                             "compile_ms": t["compile_ms"]})
+        if device.has_cuda():
+            rows += _time_triton_on(q, k, v, g, do, T, C)
+    env = {**environment(), "shape": dict(B=B, H=H, K=K, V=V, chunk_size=C, dtype="bfloat16")}
+    return {"env": env, "rows": rows}
+
+
+def _time_triton_on(q, k, v, g, do, T, C) -> list:
+    """The Triton kernels on JAX's arrays (shared through DLPack), timed like :func:`time_pallas_gla`."""
+    import time
+
+    import torch
+
+    from gla_ref import triton as gla_triton
+
+    tq, tk, tv, tg = (torch.from_dlpack(x).requires_grad_() for x in (q, k, v, g))
+    tdo = torch.from_dlpack(do)
+    rows = []
+    for name, fn in [("triton chunk_gla", gla_triton.chunk_gla), ("triton fused_chunk_gla", gla_triton.fused_chunk_gla)]:
+        for mode, call in [("fwd", lambda fn=fn: fn(tq, tk, tv, tg, chunk_size=C)),
+                           ("fwd+bwd", lambda fn=fn: fn(tq, tk, tv, tg, chunk_size=C)[0].backward(tdo))]:
+            t0 = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            rows.append({"T": T, "name": f"{name} {mode}", "compile_ms": (time.perf_counter() - t0) * 1e3,
+                         "median_ms": time_cuda(call)["median_ms"]})
+    return rows

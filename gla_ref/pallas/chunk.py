@@ -1,0 +1,231 @@
+"""``chunk_gla``: the non-fused (state-materialising) Pallas path, and the plumbing every path shares.
+
+Forward (paper §3.3 "with materialisation", Alg. 3):
+
+1. ``b``: the chunk-local cumulative log-gate (an XLA scan, float32);
+2. a *state kernel* runs over the chunks in order and writes the state entering each chunk,
+   ``h`` (held transposed, ``[B, H, N, V, K]``) and the final state;
+3. an *output kernel*, parallel over chunks, computes each chunk's output from its ``h`` and
+   the two-level intra-chunk scores (:mod:`gla_ref.pallas.chunk_math`).
+
+Backward (Alg. 4 and the reading notes' seven steps): the states are recomputed by the state
+kernel, a reverse state kernel writes the gradient of the state leaving each chunk, and a
+parallel kernel gives ``dq, dk, dv``. The gate gradient is the paper's closed form (§4.3):
+``d log b_t = q_t ⊙ dq_t − k_t ⊙ dk_t``, summed from t to the end, plus ``Σ_v S_T ⊙ dS_T``
+when the final state has a gradient (it depends on every gate).
+
+Only the kernels sit inside the ``jax.custom_vjp``; transposes, padding and casts around them
+are plain JAX, so autodiff carries the gradients through them (and sums a per-head ``g_gamma``'s
+gradient over every position).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gla_ref import device
+from gla_ref._validate import check_chunk_sizes, check_inputs, dtype_name
+from gla_ref.pallas import chunk_math, gpu, tpu
+
+__all__ = ["chunk_gla"]
+
+MAX_DIM = 256
+KERNEL_DTYPES = ("float32", "bfloat16")
+LAUNCHERS = {"tpu": tpu, "gpu": gpu}
+
+
+class Plan(NamedTuple):
+    """Static choices of one call: which launcher, interpreted or not, and the algorithm."""
+    launcher: Any  # the module gla_ref.pallas.tpu or gla_ref.pallas.gpu
+    interpret: Any  # False, True or a pltpu.InterpretParams
+    chunk: int
+    scale: float
+    fused: bool
+    want_final: bool
+
+
+# ---------------------------------------------------------------- checks and choices
+
+def check_options(q, k, v, scale, chunk_size, output_final_state):
+    """Kernel-specific checks: dtypes, chunk size, scale, flags (shapes are checked by check_inputs)."""
+    if dtype_name(q) not in KERNEL_DTYPES:
+        raise TypeError(f"q, k, v must be float32 or bfloat16 for the Pallas kernels, got {dtype_name(q)}")
+    check_chunk_sizes(chunk_size)
+    if chunk_size < chunk_math.SUB or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two >= {chunk_math.SUB} for the Pallas kernels, "
+                         f"got {chunk_size}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
+    if not isinstance(output_final_state, bool):
+        raise TypeError(f"output_final_state must be a bool, got {output_final_state!r}")
+
+
+def _concrete(x):
+    if isinstance(x, jax.core.Tracer):
+        x = getattr(x, "to_concrete_value", lambda: None)()
+    return None if x is None else np.asarray(x, dtype=np.float64)
+
+
+def check_values(**arrays):
+    """Under ``gla_ref.device.debug(True)``: NaN/inf inputs or positive log-gates raise ValueError.
+
+    Needs concrete values (a device sync), so it is skipped while ``jit`` traces.
+    """
+    if not device.is_debug():
+        return
+    for name, x in arrays.items():
+        x = None if x is None else _concrete(x)
+        if x is None:
+            continue
+        if not np.isfinite(x).all():
+            raise ValueError(f"{name} contains NaN or inf values")
+        if name in ("g", "g_gamma") and (x > 0).any():
+            raise ValueError(f"{name} must hold log forget gates <= 0, got a maximum of {x.max():.3g}")
+
+
+def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final) -> Plan:
+    """Pick the launcher (``None``: Mosaic on a TPU, Triton elsewhere) and whether to interpret
+    (``None``: interpret unless the launcher's own hardware is present)."""
+    platform = device.jax_platform()
+    if launcher is None:
+        launcher = "tpu" if platform == "tpu" else "gpu"
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be None, 'tpu' or 'gpu', got {launcher!r}")
+    if interpret is None:
+        interpret = platform != launcher
+    scale = float(K ** -0.5 if scale is None else scale)
+    return Plan(LAUNCHERS[launcher], interpret, chunk, scale, fused, want_final)
+
+
+# ---------------------------------------------------------------- layout
+
+def _to_kernel_layout(x, T_pad, D_pad, dtype=None):
+    """``[B, T, H, D]`` → ``[B, H, T_pad, D_pad]``, zero-padded (zero log-gates: no decay)."""
+    x = jnp.swapaxes(x if dtype is None else x.astype(dtype), 1, 2)
+    return jnp.pad(x, ((0, 0), (0, 0), (0, T_pad - x.shape[2]), (0, D_pad - x.shape[3])))
+
+
+def _local_cumsum(g, C):
+    """``b``: cumulative log-gates restarting at every chunk, float32."""
+    B, H, T, D = g.shape
+    return _cumsum(g.reshape(B, H, T // C, C, D), axis=3).reshape(B, H, T, D)
+
+
+def _cumsum(x, axis, reverse=False):
+    """Cumulative sum by a log-depth associative scan.
+
+    With ``jnp.cumsum`` (a reduce-window on GPU), XLA's slow-compile alarm fired on a reduce
+    fusion at T = 1024 on an H200 (jax 0.11.2) and the compile did not end within minutes; the
+    scan lowers to slices and adds. Whether this clears that stall is not yet measured on a GPU.
+    """
+    return jax.lax.associative_scan(jnp.add, x, reverse=reverse, axis=axis)
+
+
+def run(q, k, v, g, initial_state, plan: Plan):
+    """Pad to kernel layout, call the kernels through the custom VJP, unpad.
+
+    ``g`` is the ``[B, T, H, Kg]`` log-gate, ``Kg`` = K (GLA) or 1 (scalar gate).
+    """
+    T, K, V = q.shape[1], q.shape[3], v.shape[3]
+    K_pad, V_pad = plan.launcher.padded_dims(K, V)
+    T_pad = -(-T // plan.chunk) * plan.chunk
+    qp, kp = (_to_kernel_layout(x, T_pad, K_pad) for x in (q, k))
+    vp = _to_kernel_layout(v, T_pad, V_pad)
+    gp = _to_kernel_layout(g, T_pad, K_pad if g.shape[-1] == K else 1, jnp.float32)
+    h0 = None
+    if initial_state is not None:  # kernels hold states transposed: [B, H, V, K]
+        h0 = jnp.swapaxes(initial_state.astype(jnp.float32), 2, 3)
+        h0 = jnp.pad(h0, ((0, 0), (0, 0), (0, V_pad - V), (0, K_pad - K)))
+    o, ht = _kernels(plan)(qp, kp, vp, gp, h0)
+    o = jnp.swapaxes(o[:, :, :T, :V], 1, 2)
+    return o, (jnp.swapaxes(ht[:, :, :V, :K], 2, 3) if plan.want_final else None)
+
+
+# ---------------------------------------------------------------- the custom VJP around the kernels
+
+def _forward(plan: Plan, q, k, v, b, h0):
+    L, kw = plan.launcher, {"chunk": plan.chunk, "interpret": plan.interpret}
+    if plan.fused:
+        return L.fused_fwd(q, k, v, b, h0, scale=plan.scale, want_final=plan.want_final, **kw)
+    h, ht = L.state_fwd(k, v, b, h0, want_final=plan.want_final, **kw)
+    return L.chunk_fwd_o(q, k, v, b, h, scale=plan.scale, **kw), ht
+
+
+def _backward(plan: Plan, q, k, v, b, h0, do, dht):
+    L, kw = plan.launcher, {"chunk": plan.chunk, "scale": plan.scale, "interpret": plan.interpret}
+    want_dh0 = h0 is not None
+    if plan.fused:
+        return L.fused_bwd(q, k, v, b, do, h0, dht, want_dh0=want_dh0, **kw)
+    h, _ = L.state_fwd(k, v, b, h0, chunk=plan.chunk, want_final=False, interpret=plan.interpret)
+    dso, dh0 = L.state_bwd(q, b, do, dht, want_dh0=want_dh0, **kw)
+    dq, dk, dv = L.chunk_bwd(q, k, v, b, do, h, dso, **kw)
+    return dq, dk, dv, dh0
+
+
+def _gate_grad(q, k, dq, dk, g, ht, dht):
+    """Closed form (paper §4.3): ``dg_t = Σ_{s ≥ t} (q_s ⊙ dq_s − k_s ⊙ dk_s) + Σ_v S_T ⊙ dS_T``."""
+    dlogb = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
+    if g.shape[-1] == 1:  # a scalar gate scales every key column alike
+        dlogb = dlogb.sum(-1, keepdims=True)
+    dg = _cumsum(dlogb, axis=2, reverse=True)
+    if dht is not None:
+        final = (ht * dht).sum(-2)  # states are [B, H, V, K]: sum over V
+        final = final.sum(-1, keepdims=True) if g.shape[-1] == 1 else final
+        dg = dg + final[:, :, None, :]
+    return dg
+
+
+def _kernels(plan: Plan):
+    @jax.custom_vjp
+    def f(q, k, v, g, h0):
+        return _forward(plan, q, k, v, _local_cumsum(g, plan.chunk), h0)
+
+    def f_fwd(q, k, v, g, h0):
+        o, ht = f(q, k, v, g, h0)
+        return (o, ht), (q, k, v, g, h0, ht)
+
+    def f_bwd(res, cotangents):
+        q, k, v, g, h0, ht = res
+        do, dht = cotangents
+        do = do.astype(q.dtype)
+        dq, dk, dv, dh0 = _backward(plan, q, k, v, _local_cumsum(g, plan.chunk), h0, do, dht)
+        dq, dk = dq.sum(2), dk.sum(2)  # partials of the value blocks
+        dg = _gate_grad(q, k, dq, dk, g, ht, dht)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dh0
+
+    f.defvjp(f_fwd, f_bwd)
+    return f
+
+
+# ---------------------------------------------------------------- public
+
+def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
+              chunk_size=64, launcher=None, interpret=None):
+    """GLA with the non-fused Pallas kernels: states entering each chunk are written to HBM.
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (float32 or bfloat16, K and V at most 256).
+        g: log forget gates ``[B, T, H, K]`` (≤ 0).
+        scale: query scale, default ``K ** -0.5``.
+        initial_state: optional ``[B, H, K, V]`` float32 state.
+        output_final_state: also return the final ``[B, H, K, V]`` float32 state.
+        chunk_size: a power of two ≥ 16 (sub-chunks are 16 tokens).
+        launcher: ``"tpu"`` (Mosaic) or ``"gpu"`` (Triton); default from ``gla_ref.device``.
+        interpret: run in Pallas' interpreter (True, or a ``pltpu.InterpretParams`` for the TPU
+            launcher); default: only when the launcher's hardware is absent.
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state or None.
+    """
+    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(4,), max_dim=MAX_DIM)
+    check_options(q, k, v, scale, chunk_size, output_final_state)
+    check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=False,
+                     want_final=output_final_state)
+    return run(q, k, v, g, initial_state, plan)

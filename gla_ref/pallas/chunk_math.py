@@ -1,0 +1,227 @@
+"""The chunk math shared by every Pallas launcher: pure ``jnp`` functions on blocks.
+
+One chunk of ``C`` tokens of one head arrives as lists of ``n = C / c`` sub-chunks of ``c`` rows
+(the launcher loads them from its refs): ``q[I], k[I]`` are ``[c, K]`` in the input dtype,
+``v[I], do[I]`` are ``[c, BV]`` (a block of value columns), ``b[I]`` is the chunk-local
+cumulative log-gate ``b_t = g_{start} + … + g_t`` in float32, ``[c, K]`` for GLA or ``[c, 1]``
+for a scalar gate. States are held transposed, ``Sᵀ`` as ``[BV, K]`` float32, so that the
+per-key decay ``e^{b_C}`` (a ``[1, K]`` row) scales columns and no value needs a transpose.
+
+Notation (paper §4.2, with logs): ``b_C`` is the last row (decay over the whole chunk),
+``r_I`` the first row of sub-chunk I. Every exponent below is ≤ 0 because ``b`` never increases:
+
+* inter-chunk:       ``O += scale (Q ⊙ e^{b}) S``,   ``S' = e^{b_C}ᵀ ⊙ S + (K ⊙ e^{b_C − b})ᵀ V``
+* off-diagonal tile: ``A_IJ = scale (Q_I ⊙ e^{b_I − r_I}) (K_J ⊙ e^{r_I − b_J})ᵀ``  (J < I, a matmul)
+* diagonal tile:     ``A_II[i, j] = scale Σ_d q_id k_jd e^{b_id − b_jd}`` for i ≥ j, in float32.
+
+Only operations that both Pallas backends lower are used: elementwise math, ``where``,
+``iota``, sums along an axis, 2-D matmuls and loops. No value is sliced (Triton has no slicing
+of register tensors): a row is picked out with a one-hot sum, which is exact.
+Matmul operands take the input dtype (bf16 tensor cores, fp32 accumulation); fp32 operands use
+full fp32 precision.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+F32 = jnp.float32
+SUB = 16
+"""Sub-chunk length ``c``: the tile of the two-level intra-chunk scores (16 = Triton's smallest dot)."""
+
+
+# ---------------------------------------------------------------- small portable helpers
+
+def _dot(a, b, contract):
+    precision = lax.Precision.HIGHEST if a.dtype == F32 else lax.Precision.DEFAULT
+    return lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=F32)
+
+
+def mm(a, b):
+    """``a @ b`` with float32 accumulation."""
+    return _dot(a, b, ((1,), (0,)))
+
+
+def mm_nt(a, b):
+    """``a @ bᵀ``."""
+    return _dot(a, b, ((1,), (1,)))
+
+
+def mm_tn(a, b):
+    """``aᵀ @ b``."""
+    return _dot(a, b, ((0,), (0,)))
+
+
+def _iota(shape, axis):
+    return lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def row(x, i):
+    """Row ``i`` of ``x`` as ``[1, D]`` (float32), by a one-hot sum: exact, no slicing."""
+    x = x.astype(F32)
+    return jnp.sum(jnp.where(_iota(x.shape, 0) == i, x, 0.0), axis=0, keepdims=True)
+
+
+def col(x, j):
+    """Column ``j`` of ``x`` as ``[R, 1]`` (float32)."""
+    x = x.astype(F32)
+    return jnp.sum(jnp.where(_iota(x.shape, 1) == j, x, 0.0), axis=1, keepdims=True)
+
+
+def as_row(c):
+    """A ``[D, 1]`` column as a ``[1, D]`` row (its diagonal embedding summed), without a transpose."""
+    D = c.shape[0]
+    square = jnp.broadcast_to(c, (D, D))
+    return jnp.sum(jnp.where(_iota((D, D), 0) == _iota((D, D), 1), square, 0.0), axis=0, keepdims=True)
+
+
+def _causal(c):
+    return _iota((c, c), 0) >= _iota((c, c), 1)
+
+
+def chunk_end(b):
+    """``b_C``: the cumulative log-gate at the chunk's last row, ``[1, K]``."""
+    last = b[-1]
+    return row(last, last.shape[0] - 1)
+
+
+def _lowp(x, like):
+    return x.astype(like.dtype)
+
+
+# ---------------------------------------------------------------- intra-chunk scores
+
+def _decay_tile(b):
+    """Scalar gates only: ``D[i, j] = e^{b_i − b_j}`` for i ≥ j (else 0), ``[c, c]``."""
+    mask = _causal(b.shape[0])
+    return jnp.where(mask, jnp.exp(jnp.where(mask, b - as_row(b), 0.0)), 0.0)
+
+
+def _diag_scores(q, k, b, scale):
+    """The diagonal tile ``A_II`` (float32, zero above the diagonal)."""
+    c = q.shape[0]
+    if b.shape[1] == 1:  # scalar gate: the decay factorises into a [c, c] matrix
+        return scale * mm_nt(q, k) * _decay_tile(b)
+    qf, kf = q.astype(F32), k.astype(F32)
+    rows, cols = _iota((c, 1), 0), _iota((c, c), 1)
+
+    def column(j, A):  # column j: Σ_d q_id k_jd e^{b_id − b_jd} for rows i ≥ j
+        e = jnp.exp(jnp.where(rows >= j, b - row(b, j), 0.0))
+        a = jnp.sum(qf * row(kf, j) * e, axis=1, keepdims=True)
+        return jnp.where((cols == j) & (rows >= j), a, A)
+
+    return scale * lax.fori_loop(0, c, column, jnp.zeros((c, c), F32))
+
+
+def intra_scores(q, k, b, scale):
+    """``A[I][J]`` for J ≤ I: the chunk's causal scores as a lower triangle of ``[c, c]`` tiles."""
+    A = []
+    for I in range(len(q)):
+        r = row(b[I], 0)
+        q_ref = _lowp(q[I] * jnp.exp(b[I] - r), q[I])  # exponent ≤ 0: rows of I are after r
+        tiles = [scale * mm_nt(q_ref, _lowp(k[J] * jnp.exp(r - b[J]), k[J]))  # ≤ 0: J is before r
+                 for J in range(I)]
+        A.append(tiles + [_diag_scores(q[I], k[I], b[I], scale)])
+    return A
+
+
+# ---------------------------------------------------------------- forward
+
+def chunk_output(q, v, b, St, A, scale):
+    """``O_I = scale (Q_I ⊙ e^{b_I}) S + Σ_{J ≤ I} A_IJ V_J`` for each sub-chunk, float32."""
+    out = []
+    for I in range(len(q)):
+        o = scale * mm_nt(_lowp(q[I] * jnp.exp(b[I]), q[I]), _lowp(St, q[I]))
+        for J in range(I + 1):
+            o = o + mm(_lowp(A[I][J], v[J]), v[J])
+        out.append(o)
+    return out
+
+
+def state_update(k, v, b, St):
+    """The state leaving the chunk: ``S' = e^{b_C}ᵀ ⊙ S + Σ_J (K_J ⊙ e^{b_C − b_J})ᵀ V_J`` (as ``S'ᵀ``)."""
+    bC = chunk_end(b)
+    St = St * jnp.exp(bC)
+    for kJ, vJ, bJ in zip(k, v, b):
+        St = St + mm_tn(vJ, _lowp(kJ * jnp.exp(bC - bJ), kJ))
+    return St
+
+
+# ---------------------------------------------------------------- backward
+
+def state_grad_update(q, b, do, dSt, scale):
+    """Gradient w.r.t. the state entering the chunk from the one leaving it (transposed, like states):
+    ``dS_in = e^{b_C}ᵀ ⊙ dS_out + scale Σ_I (Q_I ⊙ e^{b_I})ᵀ dO_I``."""
+    dSt = dSt * jnp.exp(chunk_end(b))
+    for qI, bI, doI in zip(q, b, do):
+        dSt = dSt + scale * mm_tn(doI, _lowp(qI * jnp.exp(bI), doI))
+    return dSt
+
+
+def _masked_grad_scores(doI, vI):
+    return jnp.where(_causal(doI.shape[0]), mm_nt(doI, vI), 0.0)
+
+
+def _diag_dq(dA, k, b, scale):
+    """``dq_i = scale Σ_{j ≤ i} dA_ij k_j ⊙ e^{b_i − b_j}`` inside one diagonal tile."""
+    if b.shape[1] == 1:
+        return scale * mm(_lowp(dA * _decay_tile(b), k), k)
+    c, kf = k.shape[0], k.astype(F32)
+    rows = _iota((c, 1), 0)
+
+    def add_key(j, dq):
+        e = jnp.exp(jnp.where(rows >= j, b - row(b, j), 0.0))
+        return dq + col(dA, j) * row(kf, j) * e  # col(dA, j) is 0 above the diagonal
+
+    return scale * lax.fori_loop(0, c, add_key, jnp.zeros(k.shape, F32))
+
+
+def _diag_dk(dA, q, b, scale):
+    """``dk_j = scale Σ_{i ≥ j} dA_ij q_i ⊙ e^{b_i − b_j}`` inside one diagonal tile."""
+    if b.shape[1] == 1:
+        return scale * mm_tn(_lowp(dA * _decay_tile(b), q), q)
+    c, qf = q.shape[0], q.astype(F32)
+    rows = _iota((c, 1), 0)
+
+    def key_row(j, dk):
+        e = jnp.exp(jnp.where(rows >= j, b - row(b, j), 0.0))
+        dkj = jnp.sum(col(dA, j) * qf * e, axis=0, keepdims=True)
+        return jnp.where(rows == j, dkj, dk)
+
+    return scale * lax.fori_loop(0, c, key_row, jnp.zeros(q.shape, F32))
+
+
+def chunk_dq(q, k, v, b, do, St, scale):
+    """``dQ`` of one chunk (float32) given the state ``S`` entering it (as ``Sᵀ``):
+    ``dQ_I = scale (dO_I Sᵀ) ⊙ e^{b_I} + (intra-chunk part through dA = dO Vᵀ)``."""
+    out = []
+    for I in range(len(q)):
+        dq = scale * mm(do[I], _lowp(St, do[I])) * jnp.exp(b[I])
+        r = row(b[I], 0)
+        for J in range(I):
+            k_ref = _lowp(k[J] * jnp.exp(r - b[J]), k[J])
+            dq = dq + scale * mm(_lowp(mm_nt(do[I], v[J]), k_ref), k_ref) * jnp.exp(b[I] - r)
+        out.append(dq + _diag_dq(_masked_grad_scores(do[I], v[I]), k[I], b[I], scale))
+    return out
+
+
+def chunk_dkv(q, k, v, b, do, dSt, A, scale):
+    """``dK, dV`` of one chunk (float32) given ``dS``, the gradient of the state leaving it (as ``dSᵀ``):
+    ``dK_J = (V_J dSᵀ) ⊙ e^{b_C − b_J} + intra``, ``dV_J = (K_J ⊙ e^{b_C − b_J}) dS + Σ_{I ≥ J} A_IJᵀ dO_I``."""
+    bC = chunk_end(b)
+    dk_out, dv_out = [], []
+    for J in range(len(k)):
+        decay = jnp.exp(bC - b[J])
+        dk = mm(v[J], _lowp(dSt, v[J])) * decay
+        dv = mm_nt(_lowp(k[J] * decay, k[J]), _lowp(dSt, k[J]))
+        for I in range(J + 1, len(q)):
+            r = row(b[I], 0)
+            q_ref = _lowp(q[I] * jnp.exp(b[I] - r), q[I])
+            dk = dk + scale * mm_tn(_lowp(mm_nt(do[I], v[J]), q_ref), q_ref) * jnp.exp(r - b[J])
+            dv = dv + mm_tn(_lowp(A[I][J], do[I]), do[I])
+        dk = dk + _diag_dk(_masked_grad_scores(do[J], v[J]), q[J], b[J], scale)
+        dv = dv + mm_tn(_lowp(A[J][J], do[J]), do[J])
+        dk_out.append(dk)
+        dv_out.append(dv)
+    return dk_out, dv_out

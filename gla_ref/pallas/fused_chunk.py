@@ -1,0 +1,27 @@
+"""``fused_chunk_gla``: the fused Pallas path (paper §3.3 "without materialisation", Alg. 5/6).
+
+One kernel runs over a head's chunks in order, keeping the state on chip (a VMEM scratch
+buffer on TPU, a loop carry on GPU): each chunk's output comes from the state entering it plus
+the two-level intra-chunk scores, then the state moves on. No per-chunk state reaches HBM; only
+the final state is written, when asked for. The backward pass re-builds the state the same way
+in a forward loop (for ``dq``) and carries the state gradient on chip in a backward loop (for
+``dk, dv`` and ``dh0``); the gate gradient is the closed form of :mod:`gla_ref.pallas.chunk`.
+"""
+
+from __future__ import annotations
+
+from gla_ref._validate import check_inputs
+from gla_ref.pallas.chunk import MAX_DIM, check_options, check_values, make_plan, run
+
+__all__ = ["fused_chunk_gla"]
+
+
+def fused_chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
+                    chunk_size=64, launcher=None, interpret=None):
+    """GLA with the fused Pallas kernel; arguments and result as :func:`gla_ref.pallas.chunk_gla`."""
+    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(4,), max_dim=MAX_DIM)
+    check_options(q, k, v, scale, chunk_size, output_final_state)
+    check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=True,
+                     want_final=output_final_state)
+    return run(q, k, v, g, initial_state, plan)

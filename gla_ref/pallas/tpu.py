@@ -1,0 +1,338 @@
+"""Mosaic (TPU) launchers for the chunk math of :mod:`gla_ref.pallas.chunk_math`.
+
+Every kernel runs on the grid ``(B, H, NV, N)``: batch, head and value block are "parallel",
+the chunk axis comes last. Kernels that carry a state (``state_fwd``, ``state_bwd``, the fused
+ones) mark it "arbitrary" and keep the state in a VMEM scratch buffer across its steps; the
+output and gradient kernels of the non-fused path are parallel over chunks too.
+
+Arrays arrive in kernel layout (see :mod:`gla_ref.pallas.chunk`): ``[B, H, T, D]`` with ``T`` a
+multiple of the chunk and ``K``, ``V`` padded to multiples of 128, so every block satisfies
+Mosaic's (8, 128) rule: a block is one chunk ``[C, K]`` (``C`` a multiple of 16) or one state
+``[BV, K]`` (states are held transposed, see chunk_math); a scalar gate block ``[C, 1]`` spans its array's whole last axis.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from gla_ref.pallas import _compat
+from gla_ref.pallas import chunk_math as cm
+
+LANES = 128
+"""K and V are padded to a multiple of this (the TPU vector lane count)."""
+BLOCK_V = 128
+"""Value columns per program: V / BLOCK_V programs share a head (more parallel work)."""
+
+
+def padded_dims(K: int, V: int) -> tuple[int, int]:
+    """``(K_pad, V_pad)``: multiples of 128."""
+    return -(-K // LANES) * LANES, -(-V // LANES) * LANES
+
+
+def block_v(V_pad: int) -> int:
+    return min(V_pad, BLOCK_V)
+
+
+class Dims(NamedTuple):
+    B: int
+    H: int
+    N: int  # chunks
+    C: int  # chunk size
+    K: int  # padded
+    V: int  # padded
+    BV: int
+    Kg: int  # gate width: K (GLA) or 1 (scalar gate)
+
+    @property
+    def grid(self):
+        return (self.B, self.H, self.V // self.BV, self.N)
+
+
+def dims_of(q, v, b, chunk):
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    return Dims(B, H, T // chunk, chunk, K, V, block_v(V), b.shape[-1])
+
+
+# ---------------------------------------------------------------- block specs
+
+_SQ = _compat.squeezed()
+
+
+def _chunk_spec(d: Dims, width: int, *, reverse=False):
+    """One chunk ``[C, width]`` of a ``[B, H, T, width]`` array (chunks visited backwards if ``reverse``)."""
+    return pl.BlockSpec((_SQ, _SQ, d.C, width),
+                        lambda b, h, iv, n: (b, h, d.N - 1 - n if reverse else n, 0))
+
+
+def _value_spec(d: Dims, *, reverse=False):
+    """One chunk ``[C, BV]`` of this program's value block of a ``[B, H, T, V]`` array."""
+    return pl.BlockSpec((_SQ, _SQ, d.C, d.BV),
+                        lambda b, h, iv, n: (b, h, d.N - 1 - n if reverse else n, iv))
+
+
+def _state_spec(d: Dims):
+    """The ``[BV, K]`` block of a transposed state array ``[B, H, V, K]`` (same block at every chunk)."""
+    return pl.BlockSpec((_SQ, _SQ, d.BV, d.K), lambda b, h, iv, n: (b, h, iv, 0))
+
+
+def _chunk_state_spec(d: Dims, *, reverse=False):
+    """The ``[BV, K]`` state of one chunk in a ``[B, H, N, V, K]`` array."""
+    return pl.BlockSpec((_SQ, _SQ, _SQ, d.BV, d.K),
+                        lambda b, h, iv, n: (b, h, d.N - 1 - n if reverse else n, iv, 0))
+
+
+def _partial_spec(d: Dims, *, reverse=False):
+    """One chunk of a per-value-block partial gradient ``[B, H, NV, T, K]``."""
+    return pl.BlockSpec((_SQ, _SQ, _SQ, d.C, d.K),
+                        lambda b, h, iv, n: (b, h, iv, d.N - 1 - n if reverse else n, 0))
+
+
+def _sub_blocks(ref, n_sub):
+    return [ref[pl.ds(i * cm.SUB, cm.SUB), :] for i in range(n_sub)]
+
+
+def _store(ref, blocks):
+    for i, x in enumerate(blocks):
+        ref[pl.ds(i * cm.SUB, cm.SUB), :] = x.astype(ref.dtype)
+
+
+def _call(kernel, d: Dims, in_specs, out_specs, out_shape, *, sequential, scratch=(), interpret, name):
+    params = _compat.tpu_compiler_params("parallel", "parallel", "parallel",
+                                         "arbitrary" if sequential else "parallel")
+    return pl.pallas_call(kernel, grid=d.grid, in_specs=in_specs, out_specs=out_specs,
+                          out_shape=out_shape, scratch_shapes=list(scratch), compiler_params=params,
+                          interpret=interpret, name=name)
+
+
+def _sds(shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+# ---------------------------------------------------------------- non-fused forward
+
+def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
+    """States entering each chunk ``h [B, H, N, V, K]`` (float32, transposed) and the final state (or None)."""
+    d = dims_of(k, v, b, chunk)
+    n_sub, last = d.C // cm.SUB, d.N - 1
+
+    def kernel(*refs):
+        k_ref, v_ref, b_ref = refs[:3]
+        h0_ref = refs[3] if h0 is not None else None
+        h_ref, *rest = refs[3 + (h0 is not None):]
+        ht_ref, S = (rest[0], rest[1]) if want_final else (None, rest[0])
+        n = pl.program_id(3)
+
+        @pl.when(n == 0)
+        def _():
+            S[...] = h0_ref[...] if h0_ref is not None else jnp.zeros(S.shape, S.dtype)
+
+        h_ref[...] = S[...]
+        S[...] = cm.state_update(_sub_blocks(k_ref, n_sub), _sub_blocks(v_ref, n_sub),
+                                 _sub_blocks(b_ref, n_sub), S[...])
+        if ht_ref is not None:
+            @pl.when(n == last)
+            def _():
+                ht_ref[...] = S[...]
+
+    in_specs = [_chunk_spec(d, d.K), _value_spec(d), _chunk_spec(d, d.Kg)]
+    args = [k, v, b]
+    if h0 is not None:
+        in_specs.append(_state_spec(d))
+        args.append(h0)
+    out_specs = [_chunk_state_spec(d)] + ([_state_spec(d)] if want_final else [])
+    out_shape = [_sds((d.B, d.H, d.N, d.V, d.K))] + ([_sds((d.B, d.H, d.V, d.K))] if want_final else [])
+    outs = _call(kernel, d, in_specs, out_specs, out_shape, sequential=True,
+                 scratch=[_compat.vmem((d.BV, d.K), jnp.float32)], interpret=interpret,
+                 name="gla_state_fwd")(*args)
+    return outs[0], (outs[1] if want_final else None)
+
+
+def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
+    """The output, every chunk in parallel from the state ``h`` entering it."""
+    d = dims_of(q, v, b, chunk)
+    n_sub = d.C // cm.SUB
+
+    def kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref):
+        qs, ks, bs = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, b_ref))
+        A = cm.intra_scores(qs, ks, bs, scale)
+        _store(o_ref, cm.chunk_output(qs, _sub_blocks(v_ref, n_sub), bs, h_ref[...], A, scale))
+
+    in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d),
+                _chunk_spec(d, d.Kg), _chunk_state_spec(d)]
+    return _call(kernel, d, in_specs, _value_spec(d), _sds(v.shape, q.dtype),
+                 sequential=False, interpret=interpret, name="gla_chunk_fwd_o")(q, k, v, b, h)
+
+
+# ---------------------------------------------------------------- fused forward
+
+def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
+    """Output and final state in one pass; the state lives in VMEM and never reaches HBM."""
+    d = dims_of(q, v, b, chunk)
+    n_sub, last = d.C // cm.SUB, d.N - 1
+
+    def kernel(*refs):
+        q_ref, k_ref, v_ref, b_ref = refs[:4]
+        h0_ref = refs[4] if h0 is not None else None
+        o_ref, *rest = refs[4 + (h0 is not None):]
+        ht_ref, S = (rest[0], rest[1]) if want_final else (None, rest[0])
+        n = pl.program_id(3)
+
+        @pl.when(n == 0)
+        def _():
+            S[...] = h0_ref[...] if h0_ref is not None else jnp.zeros(S.shape, S.dtype)
+
+        qs, ks, vs, bs = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref))
+        A = cm.intra_scores(qs, ks, bs, scale)
+        _store(o_ref, cm.chunk_output(qs, vs, bs, S[...], A, scale))
+        S[...] = cm.state_update(ks, vs, bs, S[...])
+        if ht_ref is not None:
+            @pl.when(n == last)
+            def _():
+                ht_ref[...] = S[...]
+
+    in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d),
+                _chunk_spec(d, d.Kg)]
+    args = [q, k, v, b]
+    if h0 is not None:
+        in_specs.append(_state_spec(d))
+        args.append(h0)
+    out_specs = [_value_spec(d)] + ([_state_spec(d)] if want_final else [])
+    out_shape = [_sds(v.shape, q.dtype)] + ([_sds((d.B, d.H, d.V, d.K))] if want_final else [])
+    outs = _call(kernel, d, in_specs, out_specs, out_shape, sequential=True,
+                 scratch=[_compat.vmem((d.BV, d.K), jnp.float32)], interpret=interpret,
+                 name="gla_fused_fwd")(*args)
+    return outs[0], (outs[1] if want_final else None)
+
+
+# ---------------------------------------------------------------- non-fused backward
+
+def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
+    """Gradients w.r.t. the state leaving each chunk ``[B, H, N, V, K]`` and w.r.t. h0 (or None),
+    chunks visited from last to first."""
+    d = dims_of(q, do, b, chunk)
+    n_sub, last = d.C // cm.SUB, d.N - 1
+
+    def kernel(*refs):
+        q_ref, b_ref, do_ref = refs[:3]
+        dht_ref = refs[3] if dht is not None else None
+        dso_ref, *rest = refs[3 + (dht is not None):]
+        dh0_ref, dS = (rest[0], rest[1]) if want_dh0 else (None, rest[0])
+        step = pl.program_id(3)
+
+        @pl.when(step == 0)
+        def _():
+            dS[...] = dht_ref[...] if dht_ref is not None else jnp.zeros(dS.shape, dS.dtype)
+
+        dso_ref[...] = dS[...]
+        dS[...] = cm.state_grad_update(_sub_blocks(q_ref, n_sub), _sub_blocks(b_ref, n_sub),
+                                       _sub_blocks(do_ref, n_sub), dS[...], scale)
+        if dh0_ref is not None:
+            @pl.when(step == last)
+            def _():
+                dh0_ref[...] = dS[...]
+
+    in_specs = [_chunk_spec(d, d.K, reverse=True), _chunk_spec(d, d.Kg, reverse=True),
+                _value_spec(d, reverse=True)]
+    args = [q, b, do]
+    if dht is not None:
+        in_specs.append(_state_spec(d))
+        args.append(dht)
+    out_specs = [_chunk_state_spec(d, reverse=True)] + ([_state_spec(d)] if want_dh0 else [])
+    out_shape = [_sds((d.B, d.H, d.N, d.V, d.K))] + ([_sds((d.B, d.H, d.V, d.K))] if want_dh0 else [])
+    outs = _call(kernel, d, in_specs, out_specs, out_shape, sequential=True,
+                 scratch=[_compat.vmem((d.BV, d.K), jnp.float32)], interpret=interpret,
+                 name="gla_state_bwd")(*args)
+    return outs[0], (outs[1] if want_dh0 else None)
+
+
+def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
+    """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``) and ``dv`` (float32),
+    every chunk in parallel from the state entering it and the gradient of the state leaving it."""
+    d = dims_of(q, v, b, chunk)
+    n_sub = d.C // cm.SUB
+
+    def kernel(q_ref, k_ref, v_ref, b_ref, do_ref, h_ref, dso_ref, dq_ref, dk_ref, dv_ref):
+        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+        _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, h_ref[...], scale))
+        dk, dv = cm.chunk_dkv(qs, ks, vs, bs, dos, dso_ref[...], cm.intra_scores(qs, ks, bs, scale), scale)
+        _store(dk_ref, dk)
+        _store(dv_ref, dv)
+
+    vspec = _value_spec(d)
+    in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), vspec, _chunk_spec(d, d.Kg), vspec,
+                _chunk_state_spec(d), _chunk_state_spec(d)]
+    part = _sds((d.B, d.H, d.V // d.BV, d.N * d.C, d.K))
+    return _call(kernel, d, in_specs, [_partial_spec(d), _partial_spec(d), vspec],
+                 [part, part, _sds(v.shape)], sequential=False, interpret=interpret,
+                 name="gla_chunk_bwd")(q, k, v, b, do, h, dso)
+
+
+# ---------------------------------------------------------------- fused backward
+
+def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=False):
+    """All gradients with states kept on chip: one kernel runs the chunks forwards for ``dq``
+    (re-building the state), a second runs them backwards for ``dk, dv, dh0``."""
+    d = dims_of(q, v, b, chunk)
+    n_sub, last = d.C // cm.SUB, d.N - 1
+    vspec, vspec_rev = _value_spec(d), _value_spec(d, reverse=True)
+    part = _sds((d.B, d.H, d.V // d.BV, d.N * d.C, d.K))
+    scratch = [_compat.vmem((d.BV, d.K), jnp.float32)]
+
+    def dq_kernel(*refs):
+        q_ref, k_ref, v_ref, b_ref, do_ref = refs[:5]
+        h0_ref = refs[5] if h0 is not None else None
+        dq_ref, S = refs[5 + (h0 is not None):]
+
+        @pl.when(pl.program_id(3) == 0)
+        def _():
+            S[...] = h0_ref[...] if h0_ref is not None else jnp.zeros(S.shape, S.dtype)
+
+        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+        _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S[...], scale))
+        S[...] = cm.state_update(ks, vs, bs, S[...])
+
+    in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), vspec, _chunk_spec(d, d.Kg), vspec]
+    args = [q, k, v, b, do]
+    if h0 is not None:
+        in_specs.append(_state_spec(d))
+        args.append(h0)
+    dq = _call(dq_kernel, d, in_specs, _partial_spec(d), part, sequential=True, scratch=scratch,
+               interpret=interpret, name="gla_fused_bwd_dq")(*args)
+
+    def dkv_kernel(*refs):
+        q_ref, k_ref, v_ref, b_ref, do_ref = refs[:5]
+        dht_ref = refs[5] if dht is not None else None
+        dk_ref, dv_ref, *rest = refs[5 + (dht is not None):]
+        dh0_ref, dS = (rest[0], rest[1]) if want_dh0 else (None, rest[0])
+        step = pl.program_id(3)
+
+        @pl.when(step == 0)
+        def _():
+            dS[...] = dht_ref[...] if dht_ref is not None else jnp.zeros(dS.shape, dS.dtype)
+
+        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+        dk, dv = cm.chunk_dkv(qs, ks, vs, bs, dos, dS[...], cm.intra_scores(qs, ks, bs, scale), scale)
+        _store(dk_ref, dk)
+        _store(dv_ref, dv)
+        dS[...] = cm.state_grad_update(qs, bs, dos, dS[...], scale)
+        if dh0_ref is not None:
+            @pl.when(step == last)
+            def _():
+                dh0_ref[...] = dS[...]
+
+    in_specs = [_chunk_spec(d, d.K, reverse=True), _chunk_spec(d, d.K, reverse=True), vspec_rev,
+                _chunk_spec(d, d.Kg, reverse=True), vspec_rev]
+    args = [q, k, v, b, do]
+    if dht is not None:
+        in_specs.append(_state_spec(d))
+        args.append(dht)
+    out_specs = [_partial_spec(d, reverse=True), vspec_rev] + ([_state_spec(d)] if want_dh0 else [])
+    out_shape = [part, _sds(v.shape)] + ([_sds((d.B, d.H, d.V, d.K))] if want_dh0 else [])
+    outs = _call(dkv_kernel, d, in_specs, out_specs, out_shape, sequential=True, scratch=scratch,
+                 interpret=interpret, name="gla_fused_bwd_dkv")(*args)
+    return dq, outs[0], outs[1], (outs[2] if want_dh0 else None)

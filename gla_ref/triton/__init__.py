@@ -1,0 +1,28 @@
+"""Triton kernels for GLA (PyTorch autograd functions).
+
+Without a CUDA device, every kernel runs in Triton's CPU interpreter: the switch is made here,
+before any kernel is defined, so users set nothing themselves.
+"""
+
+import os
+import sys
+
+from gla_ref.device import use_triton_interpreter
+
+# Triton's own library functions (tl.sum, tl.cumsum, ...) pick compiled or interpreted mode when
+# triton is first imported: if that happened before the switch, the interpreter cannot run them.
+_imported_compiled = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+if use_triton_interpreter() and _imported_compiled:
+    raise ImportError("triton was imported before gla_ref.triton on a machine without CUDA, so its "
+                      "interpreter cannot run: import gla_ref.triton first, or set TRITON_INTERPRET=1 "
+                      "before importing triton")
+
+# kernels (each module defines its autograd.Function and the public function)
+from gla_ref.triton.chunk import chunk_gla  # noqa: E402
+from gla_ref.triton.chunk_simple import chunk_simple_gla  # noqa: E402
+from gla_ref.triton.fused_chunk import fused_chunk_gla  # noqa: E402
+from gla_ref.triton.fused_recurrent import fused_recurrent_gla  # noqa: E402
+from gla_ref.triton.historical import fused_chunk_gla_historical  # noqa: E402  (forward only, teaching)
+
+__all__ = ["chunk_gla", "chunk_simple_gla", "fused_chunk_gla", "fused_recurrent_gla",
+           "fused_chunk_gla_historical"]

@@ -1,0 +1,63 @@
+"""What every Triton launcher shares: input checks, value checks, autotune configs."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from gla_ref import device
+from gla_ref._validate import Dims, check_inputs
+
+MAX_DIM = 256
+"""Largest K or V a kernel accepts (blocks are powers of two up to this)."""
+
+
+def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,)) -> Dims:
+    """Validate a launch before any kernel runs: shapes, dtypes, one device, and (in debug mode) values."""
+    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=gate_ranks, max_dim=MAX_DIM)
+    tensors = {"q": q, "k": k, "v": v, "g": g, "initial_state": initial_state}
+    for name, x in tensors.items():
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x is not None and x.dtype == torch.float64:
+            raise TypeError(f"{name}: Triton kernels take float16, bfloat16 or float32, got float64")
+    for name, x in tensors.items():
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all inputs must share a device")
+    if q.device.type != "cuda" and not device.triton_interpret():
+        raise ValueError(f"q is on {q.device}: Triton kernels need CUDA tensors when a GPU is present")
+    if device.is_debug():
+        check_values(tensors)
+    return dims
+
+
+def check_values(tensors: dict) -> None:
+    """Finite inputs and log-gates ≤ 0 (needs a device sync: only under gla_ref.device.debug)."""
+    for name, x in tensors.items():
+        if x is None:
+            continue
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{name} contains NaN or inf")
+        if name in ("g", "g_gamma") and (x > 0).any():
+            raise ValueError(f"{name} holds log forget gates and must be <= 0; got max {x.max().item():.3g}")
+
+
+def autotune_configs(configs: list) -> list:
+    """The configs to autotune over: only the first under the interpreter (it fails with several)."""
+    return configs[:1] if device.triton_interpret() else configs
+
+
+def block(n: int, least: int = 16) -> int:
+    """Power-of-two block covering ``n`` (masks handle the rest), at least ``least``."""
+    return max(least, triton.next_power_of_2(n))
+
+
+def resolve_scale(scale, K: int) -> float:
+    """The query scale as a Python float: ``K ** -0.5`` for None, else a finite real number."""
+    if scale is None:
+        return K ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
+    return float(scale)

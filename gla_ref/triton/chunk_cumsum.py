@@ -1,0 +1,45 @@
+"""Step 1 of chunk GLA: chunk-local cumulative log-gates in float32.
+
+For chunk n of C tokens, ``Γ[r] = Σ_{i ≤ r} g_i`` with the sum restarted at the chunk start
+(``log b`` of the paper taken relative to the chunk). Γ is ≤ 0 and decreasing inside a chunk, so
+``Γ[r] − Γ[s]`` is ≤ 0 whenever r ≥ s: every later step exponentiates only such differences.
+The last row ``γ = Γ[C−1]`` is the decay of the whole chunk.
+
+Grid ``(⌈D/BD⌉, ⌈T/C⌉, B·H)``: a program owns one chunk's ``C × BD`` gate tile, reads g once and
+writes Γ once (float32). The same kernel serves the GLA gate ``[B, T, H, K]`` and the scalar gate
+``[B, T, H]`` (D = 1).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gla_ref.triton._common import block
+
+
+@triton.jit
+def chunk_cumsum_kernel(g, gc, T, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
+    i_d, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    t = i_n * C + tl.arange(0, C)
+    o_d = i_d * BD + tl.arange(0, BD)
+    offs = (i_b.to(tl.int64) * T * H + i_h) * D + t[:, None] * (H * D) + o_d[None, :]
+    mask = (t < T)[:, None] & (o_d < D)[None, :]
+    b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(gc + offs, tl.cumsum(b_g, axis=0), mask=mask)
+
+
+def chunk_local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Γ: the cumulative sum of the log-gate ``g`` restarted at every chunk, in float32.
+
+    ``g`` is ``[B, T, H, K]`` (GLA) or ``[B, T, H]`` (scalar gate), contiguous; the result has its shape.
+    """
+    B, T, H = g.shape[:3]
+    D = g.shape[3] if g.dim() == 4 else 1
+    gc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+    BD = min(64, block(D, least=1))
+    grid = (triton.cdiv(D, BD), triton.cdiv(T, chunk_size), B * H)
+    chunk_cumsum_kernel[grid](g, gc, T, H=H, D=D, C=chunk_size, BD=BD)
+    return gc

@@ -1,0 +1,272 @@
+"""Chunkwise simple GLA: one scalar log-gate per token and head (``[B, T, H]``, Mamba-2 style) or a
+constant decay per head (``g_gamma`` ``[H]``, RetNet style), states materialised as in chunk GLA.
+
+A scalar gate factors out of the key dimension, so the intra-chunk matrix needs no sub-chunks:
+
+    A = (Q Kᵀ) ⊙ D,    D[r, s] = exp(Γ_r − Γ_s) for s ≤ r, else 0,
+
+one matmul with raw (unscaled) operands and a C × C decay mask whose exponents are all ≤ 0.
+The state recurrence and its reverse twin are those of :mod:`chunk_state` (scalar-gate layout).
+
+Kernels (all parallel over chunks):
+
+* output, grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``: O = scale · (exp Γ ⊙ (Q S_n) + A V); reads q, k, Γ, v
+  and a ``K × BV`` slice of S_n, writes O. A is rebuilt on chip and never stored.
+* dv, same grid: dV = scale · Aᵀ dO + exp(γ − Γ) ⊙ (K dS_{n+1}); A rebuilt on chip.
+* dq/dk/dg, grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: dA = dO Vᵀ on chip, then dq = scale·exp Γ ⊙ (dO S_nᵀ)
+  + (dA ⊙ D) K, dk = exp(γ − Γ) ⊙ (V dS_{n+1}ᵀ) + (dA ⊙ D)ᵀ Q, and the gate gradient of the
+  closed form (paper §4.3) summed over the K block: each block writes a float32 partial
+  ``[⌈K/BK⌉, B, T, H]`` that the launcher adds up.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from gla_ref import device
+from gla_ref.triton._common import autotune_configs, block, check_values, prepare
+from gla_ref.triton.chunk import check_chunk_size, resolve_scale
+from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
+from gla_ref.triton.chunk_state import (
+    _precision,
+    chunk_state_bwd,
+    chunk_state_fwd,
+    prune_blocks,
+)
+
+
+def _configs(name):
+    return autotune_configs([triton.Config({name: b}, num_warps=w, num_stages=s)
+                             for b, w, s in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 8, 2), (64, 8, 2))])
+
+
+def _dqkg_configs():
+    # BK ≥ 64: see chunk_backward._dqkg_configs (triton-lang/triton#11366)
+    return autotune_configs([triton.Config({"BK": bk}, num_warps=w, num_stages=s)
+                             for bk, w, s in ((64, 4, 2), (64, 8, 2), (128, 8, 2), (64, 4, 3))])
+
+
+@triton.jit
+def _decay_mask(b_g, o_t, TRANSPOSED: tl.constexpr):
+    """D[r, s] = exp(Γ_r − Γ_s) for s ≤ r (its transpose if TRANSPOSED), exponent masked before exp."""
+    if TRANSPOSED:
+        causal = o_t[None, :] >= o_t[:, None]
+        diff = b_g[None, :] - b_g[:, None]
+    else:
+        causal = o_t[:, None] >= o_t[None, :]
+        diff = b_g[:, None] - b_g[None, :]
+    return tl.where(causal, tl.exp(tl.where(causal, diff, 0.0)), 0.0)
+
+
+@triton.autotune(configs=_configs("BV"), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BV="V"))
+@triton.jit
+def simple_output_kernel(q, k, v, gc, h, o, scale, T, T_BUCKET, H: tl.constexpr,
+                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                         BV: tl.constexpr, PREC: tl.constexpr):
+    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, C)
+    o_t = tl.arange(0, C)
+    t = i_n * C + o_t
+    m_t = t < T
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
+    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    p_h = h + (i_bh.to(tl.int64) * NT + i_n) * K * V
+
+    b_o = tl.zeros([C, BV], dtype=tl.float32)
+    b_A = tl.zeros([C, C], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        p_tk = base_k + t[:, None] * (H * K) + o_k[None, :]
+        b_q = tl.load(q + p_tk, mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_k = tl.load(k + p_tk, mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_h = tl.load(p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_o += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PREC)
+        b_A += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+    b_g = tl.load(gc + i_b.to(tl.int64) * T * H + i_h + tl.minimum(t, T - 1) * H)
+    b_A *= _decay_mask(b_g, o_t, False)
+    b_v = tl.load(v + base_v + t[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+    b_o = (b_o * tl.exp(b_g)[:, None] + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)) * scale
+    tl.store(o + base_v + t[:, None] * (H * V) + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.autotune(configs=_configs("BV"), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BV="V"))
+@triton.jit
+def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, scale, T, T_BUCKET, H: tl.constexpr,
+                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                         BV: tl.constexpr, PREC: tl.constexpr):
+    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, C)
+    o_t = tl.arange(0, C)
+    t = i_n * C + o_t
+    m_t = t < T
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
+    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    p_dh = dh + (i_bh.to(tl.int64) * NT + i_n) * K * V
+
+    b_At = tl.zeros([C, C], dtype=tl.float32)      # Aᵀ before the decay mask: k_s · q_r
+    b_dv = tl.zeros([C, BV], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        p_tk = base_k + t[:, None] * (H * K) + o_k[None, :]
+        b_q = tl.load(q + p_tk, mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_k = tl.load(k + p_tk, mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_dh = tl.load(p_dh + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_At += tl.dot(b_k, tl.trans(b_q), input_precision=PREC)
+        b_dv += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=PREC)
+    g_base = gc + i_b.to(tl.int64) * T * H + i_h
+    b_g = tl.load(g_base + tl.minimum(t, T - 1) * H)
+    g_last = tl.load(g_base + (tl.minimum(i_n * C + C, T) - 1) * H)
+    b_At *= _decay_mask(b_g, o_t, True) * scale
+    b_do = tl.load(do + base_v + t[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+    b_dv = b_dv * tl.exp(g_last - b_g)[:, None] + tl.dot(b_At.to(b_do.dtype), b_do, input_precision=PREC)
+    tl.store(dv + base_v + t[:, None] * (H * V) + o_v[None, :], b_dv.to(dv.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.autotune(configs=_dqkg_configs(), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BK="K"))
+@triton.jit
+def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKET,
+                           B: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                           C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                           STORE_DG: tl.constexpr, PREC: tl.constexpr):
+    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, C)
+    o_t = tl.arange(0, C)
+    t = i_n * C + o_t
+    m_t = t < T
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
+    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    p_tk = base_k + t[:, None] * (H * K) + o_k[None, :]
+    p_state = (i_bh.to(tl.int64) * NT + i_n) * K * V
+
+    b_q = tl.load(q + p_tk, mask=m_tk, other=0.0)
+    b_k = tl.load(k + p_tk, mask=m_tk, other=0.0)
+    g_base = gc + i_b.to(tl.int64) * T * H + i_h
+    b_g = tl.load(g_base + tl.minimum(t, T - 1) * H)
+    g_last = tl.load(g_base + (tl.minimum(i_n * C + C, T) - 1) * H)
+
+    b_dA = tl.zeros([C, C], dtype=tl.float32)
+    b_dq = tl.zeros([C, BK], dtype=tl.float32)
+    b_dk = tl.zeros([C, BK], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        p_tv = base_v + t[:, None] * (H * V) + o_v[None, :]
+        b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_do = tl.load(do + p_tv, mask=m_t[:, None] & m_v[None, :], other=0.0)
+        p_kv = p_state + o_k[:, None] * V + o_v[None, :]
+        b_h = tl.load(h + p_kv, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_dh = tl.load(dh + p_kv, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+        b_dq += tl.dot(b_do, tl.trans(b_h.to(b_do.dtype)), input_precision=PREC)
+        b_dk += tl.dot(b_v, tl.trans(b_dh.to(b_v.dtype)), input_precision=PREC)
+        b_hdh += tl.sum(b_h * b_dh, axis=1)
+    b_dq *= (tl.exp(b_g) * scale)[:, None]
+    b_dk *= tl.exp(g_last - b_g)[:, None]
+    # γ, the chunk's total decay, collects the state terms (see chunk_backward); its dk term is dk_inter
+    b_dgamma = tl.sum(b_hdh, axis=0) * tl.exp(g_last) + tl.sum(tl.sum(b_k.to(tl.float32) * b_dk, axis=1), axis=0)
+    b_dA *= _decay_mask(b_g, o_t, False) * scale
+    b_dq += tl.dot(b_dA.to(b_k.dtype), b_k, input_precision=PREC)
+    b_dk += tl.dot(tl.trans(b_dA).to(b_q.dtype), b_q, input_precision=PREC)
+    tl.store(dq + p_tk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + p_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+    if STORE_DG:
+        b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)   # dΓ_r = Σ_d (q dq − k dk)
+        b_dg = tl.sum(b_dG, axis=0) - tl.cumsum(b_dG, axis=0) + b_dG + b_dgamma
+        tl.store(dg + ((i_k * B + i_b).to(tl.int64) * T + t) * H + i_h, b_dg, mask=m_t)
+
+
+class ChunkSimpleGLAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, g_gamma, scale, initial_state, output_final_state, chunk_size):
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        B, T, H, K = q.shape
+        g_total = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
+        if g is not None:
+            g_total += g
+        if g_gamma is not None:
+            g_total += g_gamma.detach().float()
+        h0 = None if initial_state is None else initial_state.contiguous()
+        gc = chunk_local_cumsum(g_total, chunk_size)
+        h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size)
+        V = v.shape[-1]
+        o = torch.empty_like(v, dtype=q.dtype)
+        grid = lambda meta: (triton.cdiv(V, meta["BV"]), triton.cdiv(T, chunk_size), B * H)
+        simple_output_kernel[grid](q, k, v, gc, h, o, scale, T, T_BUCKET=triton.next_power_of_2(T), H=H,
+                                   K=K, V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(q))
+        ctx.save_for_backward(q, k, v, gc, h0)
+        ctx.scale, ctx.chunk_size = scale, chunk_size
+        ctx.g_dtype = None if g is None else g.dtype
+        return o, ht
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, dht):
+        q, k, v, gc, h0 = ctx.saved_tensors
+        C, scale = ctx.chunk_size, ctx.scale
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        do = do.contiguous()
+        dht = None if dht is None else dht.contiguous()
+        h, _ = chunk_state_fwd(k, v, gc, h0, False, C)
+        dh, dh0 = chunk_state_bwd(q, gc, do, dht, scale, h0 is not None, C)
+        meta = {"T_BUCKET": triton.next_power_of_2(T), "H": H, "K": K, "V": V, "C": C, "PREC": _precision(q)}
+        dv = torch.empty_like(do, dtype=v.dtype)
+        grid = lambda m: (triton.cdiv(V, m["BV"]), triton.cdiv(T, C), B * H)
+        simple_bwd_dv_kernel[grid](q, k, gc, dh, do, dv, scale, T, BK=min(64, block(K)), **meta)
+        store_dg = ctx.g_dtype is not None
+        dq, dk = torch.empty_like(q), torch.empty_like(k)
+        NK_max = triton.cdiv(K, 32)  # the smallest BK of the configs: room for every K block's partial
+        dg = torch.zeros(NK_max, B, T, H, dtype=torch.float32, device=q.device) if store_dg else None
+        grid = lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(T, C), B * H)
+        simple_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, B=B,
+                                     BV=min(64, block(V)), STORE_DG=store_dg, **meta)
+        dg = dg.sum(0).to(ctx.g_dtype) if store_dg else None
+        return dq, dk, dv, dg, None, None, dh0, None, None
+
+
+def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state=None,
+                     output_final_state=False, chunk_size=64):
+    """Simple GLA (scalar gates), chunkwise with materialised states (Triton; differentiable).
+
+    q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; ``g`` ``[B, T, H]`` data-dependent log-gates (≤ 0) or
+    None; ``g_gamma`` ``[H]`` a constant log-decay per head (≤ 0) or None; both may be given (they
+    add) and with neither it is plain causal linear attention. ``initial_state`` ``[B, H, K, V]``
+    float32 or None; ``chunk_size`` in 16/32/64. Returns ``(o, final_state)`` as
+    :func:`gla_ref.triton.chunk.chunk_gla` does. Gradients flow to q, k, v, g and initial_state.
+    ``g_gamma`` is a fixed hyper-parameter (e.g. RetNet's per-head decays): it gets no gradient.
+    """
+    dims = prepare(q, k, v, g, initial_state, gate_ranks=(None, 3))
+    if g_gamma is not None:
+        if not isinstance(g_gamma, torch.Tensor):
+            raise TypeError(f"g_gamma must be a torch.Tensor or None, got {type(g_gamma).__name__}")
+        if tuple(g_gamma.shape) != (dims.H,):
+            raise ValueError(f"g_gamma must have shape [H] = [{dims.H}], got {tuple(g_gamma.shape)}")
+        if not g_gamma.is_floating_point() or g_gamma.dtype == torch.float64:
+            raise TypeError(f"g_gamma must be float16, bfloat16 or float32, got {g_gamma.dtype}")
+        if g_gamma.device != q.device:
+            raise ValueError(f"g_gamma is on {g_gamma.device} but q is on {q.device}")
+        if device.is_debug():
+            check_values({"g_gamma": g_gamma})
+    check_chunk_size(chunk_size)
+    if not isinstance(output_final_state, bool):
+        raise TypeError(f"output_final_state must be a bool, got {output_final_state!r}")
+    return ChunkSimpleGLAFunction.apply(q, k, v, g, g_gamma, resolve_scale(scale, dims.K),
+                                        initial_state, output_final_state, chunk_size)

@@ -1,0 +1,181 @@
+"""Steps 2 and 3 of chunk GLA: the chunk-state recurrence and its reverse twin for dh.
+
+Forward (paper Alg. 3, first loop). With Γ the chunk-local cumulative gate and γ = Γ[C−1]:
+
+    S_0 = h0,      S_{n+1} = diag(exp γ_n) S_n + (K_n ⊙ exp(γ_n − Γ_n))ᵀ V_n
+
+``h[:, :, n]`` holds S_n, the state *entering* chunk n, in float32; the final state is S_N.
+
+Backward (Alg. 4, first loop). With dS_N the cotangent of the final state (zero if none):
+
+    dS_n = diag(exp γ_n) dS_{n+1} + scale · (Q_n ⊙ exp Γ_n)ᵀ dO_n
+
+``dh[:, :, n]`` holds dS_{n+1}, the gradient of the state *leaving* chunk n (what chunk n's dk and
+dv need); the recurrence ends at dS_0 = dh0.
+
+Both exponents are ≤ 0: γ − Γ (keys against the chunk end) and Γ (queries against the chunk start).
+Grid ``(⌈K/BK⌉, ⌈V/BV⌉, B·H)``: a program owns one ``BK × BV`` block of one head's state and walks
+the chunks in order (the only sequential loop of chunk GLA). HBM: k, v (or q, dO) and Γ read once;
+one float32 ``BK × BV`` block written per chunk. ``GATE_K`` picks the gate layout: per key
+``[B, T, H, K]`` (GLA) or one scalar per token ``[B, T, H]`` (simple GLA).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gla_ref.triton._common import autotune_configs
+
+
+def _configs():
+    return autotune_configs([triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s)
+                             for bk, bv, w, s in ((32, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 2),
+                                                  (32, 64, 4, 2), (128, 64, 8, 2))])
+
+
+def prune_blocks(**dims):
+    """``prune_configs_by`` keeping configs whose blocks (``BK="K"``: block name → dim name) are at most
+    the padded dim: larger blocks only add masked work."""
+    def prune(configs, named_args, **kwargs):
+        args = {**named_args, **kwargs}  # constexpr dims arrive as keywords in some Triton versions
+        kept = [c for c in configs
+                if all(c.kwargs[b] <= max(32, triton.next_power_of_2(args[d])) for b, d in dims.items())]
+        return kept or configs[:1]
+    return {"early_config_prune": prune}
+
+
+@triton.jit
+def _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, HK: tl.constexpr, H: tl.constexpr,
+                 GATE_K: tl.constexpr):
+    """Γ rows of one chunk and its total decay γ (rows past T repeat the last real row)."""
+    if GATE_K:
+        b_g = tl.load(gc + base_g + t_c[:, None] * HK + o_k[None, :], mask=m_k[None, :], other=0.0)
+        g_last = tl.load(gc + base_g + t_last * HK + o_k, mask=m_k, other=0.0)
+    else:
+        b_g = tl.load(gc + base_g + t_c * H)
+        g_last = tl.load(gc + base_g + t_last * H)
+    return b_g, g_last
+
+
+@triton.autotune(configs=_configs(), key=["K", "V", "T_BUCKET", "GATE_K"],
+                 prune_configs_by=prune_blocks(BK="K", BV="V"))
+@triton.jit
+def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, T, T_BUCKET, H: tl.constexpr,
+                           K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                           BV: tl.constexpr, GATE_K: tl.constexpr, USE_H0: tl.constexpr,
+                           STORE_HT: tl.constexpr, PREC: tl.constexpr):
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, C)
+    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
+    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    base_g = base_k
+    if not GATE_K:
+        base_g = i_b.to(tl.int64) * T * H + i_h
+    p_h = h + i_bh.to(tl.int64) * NT * K * V + o_kv
+
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_h += tl.load(h0 + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    for i_n in range(NT):
+        tl.store(p_h + i_n * K * V, b_h, mask=m_kv)
+        t = i_n * C + tl.arange(0, C)
+        m_t = t < T
+        t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
+        b_k = tl.load(k + base_k + t[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_v = tl.load(v + base_v + t[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
+        if GATE_K:
+            b_h *= tl.exp(g_last)[:, None]
+            b_kt = b_k * tl.exp(g_last[None, :] - b_g)
+        else:
+            b_h *= tl.exp(g_last)
+            b_kt = b_k * tl.exp(g_last - b_g)[:, None]
+        b_h += tl.dot(tl.trans(b_kt.to(b_v.dtype)), b_v, input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht + i_bh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
+
+
+@triton.autotune(configs=_configs(), key=["K", "V", "T_BUCKET", "GATE_K"],
+                 prune_configs_by=prune_blocks(BK="K", BV="V"))
+@triton.jit
+def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, scale, T, T_BUCKET,
+                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                           BK: tl.constexpr, BV: tl.constexpr, GATE_K: tl.constexpr,
+                           USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr):
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, C)
+    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
+    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    base_g = base_k
+    if not GATE_K:
+        base_g = i_b.to(tl.int64) * T * H + i_h
+    p_dh = dh + i_bh.to(tl.int64) * NT * K * V + o_kv
+
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        b_dh += tl.load(dht + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
+    for i_r in range(NT):
+        i_n = NT - 1 - i_r
+        tl.store(p_dh + i_n * K * V, b_dh, mask=m_kv)
+        t = i_n * C + tl.arange(0, C)
+        m_t = t < T
+        t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
+        b_q = tl.load(q + base_k + t[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        b_do = tl.load(do + base_v + t[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
+        if GATE_K:
+            b_dh *= tl.exp(g_last)[:, None]
+            b_qt = b_q * (tl.exp(b_g) * scale)
+        else:
+            b_dh *= tl.exp(g_last)
+            b_qt = b_q * (tl.exp(b_g) * scale)[:, None]
+        b_dh += tl.dot(tl.trans(b_qt.to(b_do.dtype)), b_do, input_precision=PREC)
+    if STORE_DH0:
+        tl.store(dh0 + i_bh.to(tl.int64) * K * V + o_kv, b_dh, mask=m_kv)
+
+
+def _precision(x: torch.Tensor) -> str:
+    """fp32 inputs take exact fp32 dots (tf32 would cost ~1e-3 relative error); half inputs ignore it."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_size: int):
+    """States entering each chunk ``h [B, H, N, K, V]`` (float32) and the final state (or None)."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, chunk_size)
+    h = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=k.device)
+    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
+    grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), B * H)
+    chunk_state_fwd_kernel[grid](
+        k, v, gc, initial_state, h, ht, T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V,
+        C=chunk_size, GATE_K=gc.dim() == 4, USE_H0=initial_state is not None,
+        STORE_HT=output_final_state, PREC=_precision(k))
+    return h, ht
+
+
+def chunk_state_bwd(q, gc, do, dht, scale: float, need_dh0: bool, chunk_size: int):
+    """``dh [B, H, N, K, V]`` (gradient of the state leaving each chunk, float32) and dh0 (or None)."""
+    B, T, H, K = q.shape
+    V = do.shape[-1]
+    NT = triton.cdiv(T, chunk_size)
+    dh = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=q.device)
+    dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
+    grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), B * H)
+    chunk_state_bwd_kernel[grid](
+        q, gc, do, dht, dh, dh0, scale, T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V,
+        C=chunk_size, GATE_K=gc.dim() == 4, USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        PREC=_precision(q))
+    return dh, dh0

@@ -1,0 +1,60 @@
+"""Fused chunk GLA: FlashLinearAttention without materialisation (paper Alg. 5/6), autograd wrapper.
+
+The forward (:mod:`gla_ref.triton.fused_chunk_fwd`) and the backward
+(:mod:`gla_ref.triton.fused_chunk_bwd`) each keep the chunk state on chip and store no state in HBM:
+the smallest memory footprint of the chunkwise kernels, at the price of a sequential walk over
+the chunks inside each program (parallel only over batch, heads and state blocks).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gla_ref.triton._common import prepare, resolve_scale
+from gla_ref.triton.fused_chunk_bwd import fused_chunk_backward
+from gla_ref.triton.fused_chunk_fwd import CHUNK_SIZES, fused_chunk_forward
+
+__all__ = ["fused_chunk_gla"]
+
+
+class FusedChunkGLA(torch.autograd.Function):
+    """Saves only the inputs (and the final state when it is returned, for the gate gradient)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, initial_state, scale, output_final_state, chunk_size):
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        g = None if g is None else g.contiguous()
+        h0 = None if initial_state is None else initial_state.contiguous()
+        o, ht = fused_chunk_forward(q, k, v, g, h0, scale, output_final_state, chunk_size)
+        ctx.save_for_backward(q, k, v, g, h0, ht)
+        ctx.scale, ctx.chunk_size = scale, chunk_size
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, h0, ht = ctx.saved_tensors
+        dht = None if dht is None else dht.contiguous()
+        grads = fused_chunk_backward(q, k, v, g, h0, ht, do.contiguous(), dht, ctx.scale, ctx.chunk_size)
+        return (*grads, None, None, None)
+
+
+def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
+                    chunk_size=16):
+    """GLA in chunks of ``chunk_size`` tokens, the state kept on chip from the first chunk to the last.
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (float32, float16 or bfloat16; K, V ≤ 256).
+        g: log forget gates ``[B, T, H, K]`` (≤ 0), or None for plain linear attention.
+        scale: multiplies ``q``; default ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` float32 state S_0, or None (zeros).
+        output_final_state: also return the float32 state after the last token.
+        chunk_size: C in {16, 32, 64}; the intra-chunk part costs O(C) per token (exact at any C).
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]`` or None.
+    """
+    dims = prepare(q, k, v, g, initial_state, gate_ranks=(None, 4))
+    scale = resolve_scale(scale, dims.K)
+    if chunk_size not in CHUNK_SIZES or isinstance(chunk_size, bool):
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    return FusedChunkGLA.apply(q, k, v, g, initial_state, scale, bool(output_final_state), chunk_size)

@@ -1,0 +1,183 @@
+"""Fused chunk GLA, forward: FlashLinearAttention without materialisation (paper Alg. 5).
+
+Grid ``(⌈V/BV⌉, ⌈K/BK⌉, B·H)``: a program owns one ``BK × BV`` block of one head's state S and
+walks the chunks of C tokens in order, the state never leaving the chip. Per chunk, with
+``b_i = g_1 + … + g_i`` from the chunk start (≤ 0, decreasing) and ``b_C`` its last row:
+
+    O   = (Q ⊙ exp b) S  +  P V,      P_ij = scale · Σ_c q_ic k_jc exp(b_ic − b_jc)  (i ≥ j)
+    S  ← diag(exp b_C) S  +  (K ⊙ exp(b_C − b))ᵀ V
+
+P is built one key column j at a time (k_j and b_j read row by row), so every exponent is
+``b_i − b_j ≤ 0``: the stable relative form, with no ``K / Λ`` to overflow. The work of that loop
+grows with C, which is why C = 16 is the default. Matmuls that touch the float32 state take
+float32 operands (IEEE for fp32 inputs; TF32 for 16-bit inputs, which TF32 holds exactly), so S is
+never rounded to 16 bits; P V and dO Vᵀ take the input dtype.
+
+HBM traffic: q, k, v, g read once, o written once (a float32 part per key block when K > BK,
+added up by the launcher), the final state when asked. No chunk state is stored.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gla_ref.triton._common import autotune_configs, block
+
+MAX_BLOCK = 64
+"""BK and BV are at most 64: a 64 × 64 float32 state (and its gradient) fits in registers."""
+
+CHUNK_SIZES = (16, 32, 64)
+"""Chunk sizes the kernels accept: C × C tiles feed tl.dot (≥ 16); the intra-chunk loop costs O(C) a token."""
+
+
+def configs():
+    return autotune_configs([triton.Config({}, num_warps=w, num_stages=s)
+                             for w, s in ((4, 2), (8, 2), (2, 2), (4, 3))])
+
+
+def launch_meta(q, v, chunk_size):
+    """Grid and the shape arguments every fused-chunk kernel takes."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BK, BV = min(MAX_BLOCK, block(K)), min(MAX_BLOCK, block(V))
+    grid = (triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)
+    meta = dict(B=B, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
+                PREC="ieee" if q.dtype == torch.float32 else "tf32")
+    return grid, meta
+
+
+# ----------------------------------------------------------------------------- on-chip helpers
+
+@triton.jit
+def load_tile(ptr, rows, cols, T, D: tl.constexpr, HD: tl.constexpr):
+    """Tile ``[rows, cols]`` of a ``[T, H, D]`` slab (ptr at its head), float32, zeros outside."""
+    mask = (rows < T)[:, None] & (cols < D)[None, :]
+    return tl.load(ptr + rows[:, None] * HD + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_tile(ptr, rows, cols, T, D: tl.constexpr, HD: tl.constexpr, x):
+    mask = (rows < T)[:, None] & (cols < D)[None, :]
+    tl.store(ptr + rows[:, None] * HD + cols[None, :], x.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def state_block(ptr, i_bh, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
+    """Pointers and mask of this program's ``[BK, BV]`` block of a ``[B, H, K, V]`` state."""
+    return ptr + i_bh * K * V + o_k[:, None] * V + o_v[None, :], (o_k < K)[:, None] & (o_v < V)[None, :]
+
+
+@triton.jit
+def load_row(ptr, t, cols, T, D: tl.constexpr, HD: tl.constexpr):
+    """Row (token) t of a ``[T, H, D]`` slab as float32 ``[cols]``, zeros past T or D."""
+    mask = (cols < D) & (cols * 0 + t < T)  # the token test as a vector (the interpreter wants one)
+    return tl.load(ptr + t * HD + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def chunk_gates(g, n, o_k, T, K: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                USE_G: tl.constexpr):
+    """``b_i = g_1 + … + g_i`` over chunk n (float32, ≤ 0, decreasing) and its last row ``b_C``.
+
+    Summed token by token, in the order the key and query loops re-sum their running ``b_j``:
+    those equal b's rows bit for bit, so ``b_i − b_j`` is exactly 0 on the diagonal and ≤ 0 below
+    it (adding a g ≤ 0 never rounds up). Tokens past T have g = 0: b_C, and the final state, are exact.
+    """
+    b = tl.zeros([C, BK], dtype=tl.float32)
+    b_last = tl.zeros([BK], dtype=tl.float32)
+    if USE_G:
+        o_c = tl.arange(0, C)
+        for j in range(C):
+            g_j = load_row(g, tl.cast(n * C + j, tl.int64), o_k, T, K, HK)
+            b += tl.where((o_c >= j)[:, None], g_j[None, :], 0.0)  # rows before j add an exact 0
+            b_last += g_j
+    return b, b_last
+
+
+@triton.jit
+def col(x, j, C: tl.constexpr):
+    """Column j of a ``[C, C]`` register tile, as ``[C]``."""
+    return tl.sum(tl.where((tl.arange(0, C) == j)[None, :], x, 0.0), axis=1)
+
+
+@triton.jit
+def decay_from(b, b_j, j, C: tl.constexpr):
+    """Key j's decay to every query: ``exp(b_i − b_j)`` for i ≥ j, 0 above the diagonal.
+
+    The exponent is masked before exp by clamping it at 0 (only the rows above the diagonal, where
+    it is positive, are touched); the where then zeroes those rows.
+    """
+    return tl.where((tl.arange(0, C) >= j)[:, None], tl.exp(tl.minimum(b - b_j[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def decay_to(b, b_i, i, C: tl.constexpr):
+    """Query i's decay from every key: ``exp(b_i − b_j)`` for j ≤ i, 0 below (masked like decay_from)."""
+    return tl.where((tl.arange(0, C) <= i)[:, None], tl.exp(tl.minimum(b_i[None, :] - b, 0.0)), 0.0)
+
+
+@triton.jit
+def dot(a, b, DT: tl.constexpr, PREC: tl.constexpr):
+    """``a @ b`` with operands cast to DT, float32 accumulation."""
+    return tl.dot(a.to(DT), b.to(DT), input_precision=PREC)
+
+
+# ----------------------------------------------------------------------------- the kernel
+
+@triton.autotune(configs=configs(), key=["BK", "BV", "C", "T_BUCKET"])
+@triton.jit
+def _fwd_kernel(q, k, v, g, o, h0, ht, scale, B, T, T_BUCKET,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
+    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    DT = q.dtype.element_ty
+    o_c = tl.arange(0, C)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    q += (i_b * T * H + i_h) * K
+    k += (i_b * T * H + i_h) * K
+    v += (i_b * T * H + i_h) * V
+    o += i_k.to(tl.int64) * B * T * H * V + (i_b * T * H + i_h) * V  # this key block's partial output
+    if USE_G:
+        g += (i_b * T * H + i_h) * K
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        p_s, m_s = state_block(h0, i_bh, o_k, o_v, K, V)
+        S += tl.load(p_s, mask=m_s, other=0.0)
+    for n in range(tl.cdiv(T, C)):
+        rows = (n * C + o_c).to(tl.int64)
+        b, b_last = chunk_gates(g, n, o_k, T, K, H * K, C, BK, USE_G)
+        b_q = load_tile(q, rows, o_k, T, K, H * K) * scale
+        b_k = load_tile(k, rows, o_k, T, K, H * K)
+        b_v = load_tile(v, rows, o_v, T, V, H * V)
+        P = tl.zeros([C, C], dtype=tl.float32)
+        b_j = tl.zeros([BK], dtype=tl.float32)
+        for j in range(C):  # key column j: P_ij = q_i · (k_j ⊙ exp(b_i − b_j))
+            t_j = tl.cast(n * C + j, tl.int64)
+            if USE_G:
+                b_j += load_row(g, t_j, o_k, T, K, H * K)
+            P_j = tl.sum(b_q * decay_from(b, b_j, j, C) * load_row(k, t_j, o_k, T, K, H * K)[None, :], axis=1)
+            P += tl.where((o_c == j)[None, :], P_j[:, None], 0.0)
+        b_o = dot(b_q * tl.exp(b), S, tl.float32, PREC) + dot(P, b_v, DT, PREC)
+        store_tile(o, rows, o_v, T, V, H * V, b_o)
+        b_kd = b_k * tl.exp(b_last[None, :] - b)  # k ⊙ exp(b_C − b): each key decayed to the chunk end
+        S = S * tl.exp(b_last)[:, None] + dot(tl.trans(b_kd), b_v, tl.float32, PREC)
+    if STORE_HT:
+        p_s, m_s = state_block(ht, i_bh, o_k, o_v, K, V)
+        tl.store(p_s, S, mask=m_s)
+
+
+def fused_chunk_forward(q, k, v, g, h0, scale, output_final_state, chunk_size):
+    """Launch the forward; returns ``(o, final_state or None)``."""
+    B, _, H, K = q.shape
+    grid, meta = launch_meta(q, v, chunk_size)
+    NK = grid[1]
+    o = v.new_empty(NK, *v.shape, dtype=torch.float32 if NK > 1 else v.dtype)
+    ht = q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32) if output_final_state else None
+    _fwd_kernel[grid](q, k, v, g, o, h0, ht, scale, **meta, USE_G=g is not None, USE_H0=h0 is not None,
+                      STORE_HT=output_final_state)
+    return (o.sum(0).to(v.dtype) if NK > 1 else o[0]), ht

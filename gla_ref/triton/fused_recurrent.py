@@ -1,0 +1,231 @@
+"""Fused recurrent GLA: the recurrence token by token with the state on chip (the decoding kernel).
+
+    S_t = diag(α_t) S_{t−1} + k_tᵀ v_t,   o_t = scale · q_t S_t,   α_t = exp(g_t)
+
+Grid ``(⌈V/BV⌉, B·H)``: a program owns the columns ``BV`` of one head's state, ``S ∈ R^{K×BV}``
+in registers (all of K, so each output column is complete), and walks the tokens in order.
+HBM traffic: q, k, v, g read once, o written once; no intermediate state is ever stored.
+
+Backward, two kernels on the same grid (a state column block never leaves the chip):
+
+1. a forward replay rebuilds ``S_t`` and writes ``dq_t = scale · S_t do_tᵀ`` (this block's part);
+2. a reverse sweep carries ``dS_t`` (the gradient of S_t, seeded by the final-state cotangent),
+   ``dS_{t−1} = diag(α_t) dS_t + scale · q_{t−1}ᵀ do_{t−1}``, and reads off
+   ``dk_t = dS_t v_tᵀ``, ``dv_t = k_t dS_t``, ``dh0 = dS_0`` and the gate gradient
+
+       dg_t = Σ_{s ≥ t} (q_s ⊙ dq_s − k_s ⊙ dk_s) + Σ_v (S_T ⊙ dS_T)
+
+   (the paper's closed form for d log α, plus the final state's own dependence on b_T = Σ g).
+
+dq, dk and dg are sums over value blocks: each program writes its part in float32 and the
+launcher adds them up; dv and dh0 are complete per program.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gla_ref.triton._common import autotune_configs, block, prepare, resolve_scale
+
+__all__ = ["fused_recurrent_gla"]
+
+STATE_BUDGET = 4096
+"""Most float32 state entries a program keeps in registers: BV = STATE_BUDGET // BK (≥ 16)."""
+
+
+def _configs():
+    return autotune_configs([triton.Config({}, num_warps=w) for w in (4, 2, 8)])
+
+
+def _blocks(K, V):
+    BK = block(K)
+    return BK, min(block(V), max(16, STATE_BUDGET // BK))
+
+
+@triton.autotune(configs=_configs(), key=["BK", "BV", "T_BUCKET"])
+@triton.jit
+def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, REVERSE: tl.constexpr):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_s = m_k[:, None] & m_v[None, :]
+    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        S += tl.load(h0 + p_s, mask=m_s, other=0.0)
+    t0 = (T - 1) if REVERSE else 0
+    step = -1 if REVERSE else 1
+    p_qk = (i_b * T + t0) * H * K + i_h * K + o_k  # token t0 of this head
+    p_vo = (i_b * T + t0) * H * V + i_h * V + o_v
+    for _ in range(T):
+        b_q = tl.load(q + p_qk, mask=m_k, other=0.0).to(tl.float32) * scale
+        b_k = tl.load(k + p_qk, mask=m_k, other=0.0).to(tl.float32)
+        b_v = tl.load(v + p_vo, mask=m_v, other=0.0).to(tl.float32)
+        if USE_G:
+            S *= tl.exp(tl.load(g + p_qk, mask=m_k, other=0.0).to(tl.float32))[:, None]
+        S += b_k[:, None] * b_v[None, :]
+        b_o = tl.sum(S * b_q[:, None], axis=0)
+        tl.store(o + p_vo, b_o.to(o.dtype.element_ty), mask=m_v)
+        p_qk += step * H * K
+        p_vo += step * H * V
+    if STORE_HT:
+        tl.store(ht + p_s, S, mask=m_s)
+
+
+@triton.autotune(configs=_configs(), key=["BK", "BV", "T_BUCKET"])
+@triton.jit
+def _bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T, T_BUCKET,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   USE_G: tl.constexpr, USE_H0: tl.constexpr, REVERSE: tl.constexpr):
+    """Forward replay: rebuild S_t and write this value block's part of dq_t = scale · S_t do_tᵀ."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        S += tl.load(h0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :],
+                     mask=m_k[:, None] & m_v[None, :], other=0.0)
+    t0 = (T - 1) if REVERSE else 0
+    step = -1 if REVERSE else 1
+    p_qk = (i_b * T + t0) * H * K + i_h * K + o_k
+    p_vo = (i_b * T + t0) * H * V + i_h * V + o_v
+    dq += i_v.to(tl.int64) * B * T * H * K  # this value block's slice of the partial sums
+    for _ in range(T):
+        b_k = tl.load(k + p_qk, mask=m_k, other=0.0).to(tl.float32)
+        b_v = tl.load(v + p_vo, mask=m_v, other=0.0).to(tl.float32)
+        b_do = tl.load(do + p_vo, mask=m_v, other=0.0).to(tl.float32)
+        if USE_G:
+            S *= tl.exp(tl.load(g + p_qk, mask=m_k, other=0.0).to(tl.float32))[:, None]
+        S += b_k[:, None] * b_v[None, :]
+        tl.store(dq + p_qk, tl.sum(S * b_do[None, :], axis=1) * scale, mask=m_k)
+        p_qk += step * H * K
+        p_vo += step * H * V
+
+
+@triton.autotune(configs=_configs(), key=["BK", "BV", "T_BUCKET"])
+@triton.jit
+def _bwd_dkv_kernel(q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, scale, B, T, T_BUCKET,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, REVERSE: tl.constexpr):
+    """Reverse sweep: carry dS_t back from dS_T, write dk, dv, dg (this block's part) and dh0."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_s = m_k[:, None] & m_v[None, :]
+    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    dg_acc = tl.zeros([BK], dtype=tl.float32)  # Σ_{s ≥ t} (q ⊙ dq − k ⊙ dk) + Σ_v S_T ⊙ dS_T
+    if USE_DHT:
+        dS += tl.load(dht + p_s, mask=m_s, other=0.0)
+        if USE_G:
+            dg_acc += tl.sum(tl.load(ht + p_s, mask=m_s, other=0.0) * dS, axis=1)
+    t0 = 0 if REVERSE else (T - 1)  # the last token of the recurrence
+    step = 1 if REVERSE else -1
+    p_qk = (i_b * T + t0) * H * K + i_h * K + o_k
+    p_vo = (i_b * T + t0) * H * V + i_h * V + o_v
+    part = i_v.to(tl.int64) * B * T * H * K
+    for _ in range(T):
+        b_q = tl.load(q + p_qk, mask=m_k, other=0.0).to(tl.float32)
+        b_k = tl.load(k + p_qk, mask=m_k, other=0.0).to(tl.float32)
+        b_v = tl.load(v + p_vo, mask=m_v, other=0.0).to(tl.float32)
+        b_do = tl.load(do + p_vo, mask=m_v, other=0.0).to(tl.float32)
+        dS += (b_q * scale)[:, None] * b_do[None, :]  # now the full gradient of S_t
+        b_dk = tl.sum(dS * b_v[None, :], axis=1)
+        tl.store(dk + part + p_qk, b_dk, mask=m_k)
+        tl.store(dv + p_vo, tl.sum(dS * b_k[:, None], axis=0).to(dv.dtype.element_ty), mask=m_v)
+        if USE_G:
+            b_dq = tl.load(dq + part + p_qk, mask=m_k, other=0.0)
+            dg_acc += b_q * b_dq - b_k * b_dk
+            tl.store(dg + part + p_qk, dg_acc, mask=m_k)
+            dS *= tl.exp(tl.load(g + p_qk, mask=m_k, other=0.0).to(tl.float32))[:, None]
+        p_qk += step * H * K
+        p_vo += step * H * V
+    if USE_H0:
+        tl.store(dh0 + p_s, dS, mask=m_s)
+
+
+def _grid_args(q, v):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BK, BV = _blocks(K, V)
+    return (triton.cdiv(V, BV), B * H), dict(T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V,
+                                                BK=BK, BV=BV)
+
+
+def _forward(q, k, v, g, h0, scale, output_final_state, reverse):
+    B, _, H, K = q.shape
+    grid, meta = _grid_args(q, v)
+    o = torch.empty_like(v)
+    ht = q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32) if output_final_state else None
+    _fwd_kernel[grid](q, k, v, g, o, h0, ht, scale, **meta, USE_G=g is not None, USE_H0=h0 is not None,
+                      STORE_HT=output_final_state, REVERSE=reverse)
+    return o, ht
+
+
+def _backward(q, k, v, g, h0, ht, do, dht, scale, reverse):
+    B, T, H, K = q.shape
+    grid, meta = _grid_args(q, v)
+    NV = grid[0]
+    dq = q.new_empty(NV, B, T, H, K, dtype=torch.float32)
+    dk = torch.empty_like(dq)
+    dg = torch.empty_like(dq) if g is not None else None
+    dv = torch.empty_like(v)
+    dh0 = torch.empty_like(h0) if h0 is not None else None
+    flags = dict(USE_G=g is not None, USE_H0=h0 is not None, REVERSE=reverse)
+    _bwd_dq_kernel[grid](k, v, g, do, dq, h0, scale, B, **meta, **flags)
+    _bwd_dkv_kernel[grid](q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, scale, B, **meta,
+                          USE_DHT=dht is not None, **flags)
+    dg = None if g is None else dg.sum(0).to(g.dtype)
+    return dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dv, dg, dh0
+
+
+class FusedRecurrentGLA(torch.autograd.Function):
+    """Autograd wrapper: the forward keeps only its inputs (and the final state when returned)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, initial_state, scale, output_final_state, reverse):
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        g = None if g is None else g.contiguous()
+        h0 = None if initial_state is None else initial_state.contiguous()
+        o, ht = _forward(q, k, v, g, h0, scale, output_final_state, reverse)
+        ctx.save_for_backward(q, k, v, g, h0, ht)
+        ctx.scale, ctx.reverse = scale, reverse
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, h0, ht = ctx.saved_tensors
+        dht = None if dht is None else dht.contiguous()
+        grads = _backward(q, k, v, g, h0, ht, do.contiguous(), dht, ctx.scale, ctx.reverse)
+        return (*grads, None, None, None)
+
+
+def fused_recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
+                        reverse=False):
+    """GLA by its recurrence, one token at a time, the state held on chip (decoding, short T).
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (float32, float16 or bfloat16; K, V ≤ 256).
+        g: log forget gates ``[B, T, H, K]`` (≤ 0), or None for plain linear attention.
+        scale: multiplies ``q``; default ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` float32 state S_0, or None (zeros).
+        output_final_state: also return the float32 state after the last token.
+        reverse: run the recurrence from the last token to the first.
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]`` or None.
+    """
+    dims = prepare(q, k, v, g, initial_state, gate_ranks=(None, 4))
+    scale = resolve_scale(scale, dims.K)
+    return FusedRecurrentGLA.apply(q, k, v, g, initial_state, scale, bool(output_final_state),
+                                   bool(reverse))

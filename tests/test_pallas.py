@@ -1,0 +1,277 @@
+"""Pallas kernels (gla_ref.pallas): outputs, final states and every gradient against references.
+
+Ground truth is jax_ref.recurrent_gla in float64 (the token-by-token recurrence, differentiated
+by JAX); every result is also compared with jax_ref.chunk_gla in float32. On a CPU the launchers
+run in Pallas' interpreter: the GPU (Triton-style) launcher with ``interpret=True``, the TPU
+launcher under ``pltpu.InterpretParams`` with the race detector, NaN-filled scratch and a seeded
+random order of the parallel grid points. On a GPU the same tests run the Triton launcher
+natively; on a TPU, the Mosaic one. Shapes are tiny: interpreting is slow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gla_ref import device, jax_ref
+from gla_ref.pallas import _compat, chunk_gla, chunk_simple_gla, fused_chunk_gla
+from gla_ref.testing import as_jax, random_inputs, rel_rmse
+
+PLATFORM = device.jax_platform()
+# the CPU interpreter's programs are large and run once: skip XLA's slow optimisations
+CPU_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+TOL = {"float32": 2e-5, "bfloat16": 3e-2}
+NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dh0")
+
+# variant -> gate kind of random_inputs, and how to call the kernel with a gate array g
+VARIANTS = {
+    "chunk": ("gla", lambda q, k, v, g, **kw: chunk_gla(q, k, v, g, **kw)),
+    "fused": ("gla", lambda q, k, v, g, **kw: fused_chunk_gla(q, k, v, g, **kw)),
+    "simple_chunk": ("scalar", lambda q, k, v, g, **kw: chunk_simple_gla(q, k, v, g, mode="chunk", **kw)),
+    "simple_fused": ("scalar", lambda q, k, v, g, **kw: chunk_simple_gla(q, k, v, g, mode="fused", **kw)),
+    "gamma_chunk": ("const", lambda q, k, v, g, **kw: chunk_simple_gla(q, k, v, g_gamma=g, mode="chunk", **kw)),
+    "gamma_fused": ("const", lambda q, k, v, g, **kw: chunk_simple_gla(q, k, v, g_gamma=g, mode="fused", **kw)),
+    "gamma_auto": ("const", lambda q, k, v, g, **kw: chunk_simple_gla(q, k, v, g_gamma=g, **kw)),
+}
+
+
+def _slopes_g_gamma(H):
+    """ALiBi-style constant decays from gla_ref.gates (the RFC's g_gamma), made a bit stronger."""
+    from gla_ref.gates import build_slope_tensor
+
+    return -4.0 * build_slope_tensor(H)
+
+
+def make_inputs(variant, *, B=1, T=40, H=2, K=20, V=24, h0=True, seed=0):
+    gate = VARIANTS[variant][0]
+    x = random_inputs(B=B, T=T, H=H, K=K, V=V, gate=gate, seed=seed, initial_state=h0)
+    if gate == "const":
+        x["g"] = _slopes_g_gamma(H)
+    rng = np.random.default_rng(seed + 100)
+    cot = {"o": rng.standard_normal((B, T, H, V)), "final_state": rng.standard_normal((B, H, K, V))}
+    return x, cot
+
+
+def _compiled(fn, *args):
+    lowered = jax.jit(fn).lower(*args)
+    return lowered.compile(CPU_COMPILE) if PLATFORM == "cpu" else lowered.compile()
+
+
+def _vjp_all(fn, x, cot, final, dtype=None):
+    """Outputs and gradients (w.r.t. q, k, v, g, h0) of ``fn`` for the cotangents ``cot``."""
+    j = as_jax(x, dtype)
+    args = (j["q"], j["k"], j["v"], j["g"], j["initial_state"])
+
+    def outputs_and_grads(q, k, v, g, h0):
+        (o, S), pullback = jax.vjp(lambda *a: fn(*a[:4], initial_state=a[4], output_final_state=final),
+                                   q, k, v, g, h0)
+        dS = None if S is None else jnp.asarray(cot["final_state"], S.dtype)
+        return (o, S), pullback((jnp.asarray(cot["o"], o.dtype), dS))
+
+    (o, S), grads = _compiled(outputs_and_grads, *args)(*args)
+    return dict(zip(NAMES, (o, S) + tuple(grads)))
+
+
+def reference(x, cot, final, scale=None):
+    """float64 recurrence (jax_ref.recurrent_gla under x64) and float32 jax_ref.chunk_gla."""
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        r64 = _vjp_all(lambda *a, **kw: jax_ref.recurrent_gla(*a, scale=scale, **kw), x, cot, final,
+                       jnp.float64)
+        r64 = {n: (None if a is None else np.asarray(a)) for n, a in r64.items()}
+    r32 = _vjp_all(lambda *a, **kw: jax_ref.chunk_gla(*a, scale=scale, chunk_size=16, **kw), x, cot, final)
+    return r64, r32
+
+
+def _err_vs(ref, out, truth):
+    """``‖ref − out‖ / ‖truth‖``: measured against the true size, so that a gradient that is zero
+    in exact arithmetic (e.g. dg for T = 1) is not judged by the rounding noise of ``ref``."""
+    ref, out, truth = (np.asarray(a, dtype=np.float64) for a in (ref, out, truth))
+    if not np.isfinite(out).all():
+        return float("inf")
+    norm = np.linalg.norm(truth)
+    return float(np.linalg.norm(ref - out) / (norm if norm > 0 else 1.0))
+
+
+def check_variant(variant, *, chunk_size=16, final=True, dtype=jnp.float32, scale=None,
+                  launcher=None, interpret=None, **shape):
+    """Run one kernel variant, compare every output and gradient; returns the worst errors."""
+    x, cot = make_inputs(variant, **shape)
+    r64, r32 = reference(x, cot, final, scale)
+    call = VARIANTS[variant][1]
+    out = _vjp_all(lambda *a, **kw: call(*a, chunk_size=chunk_size, scale=scale, launcher=launcher,
+                                         interpret=interpret, **kw), x, cot, final, dtype)
+    errors = {}
+    for name in NAMES:
+        tol = TOL[jnp.dtype(dtype).name]
+        if name == "dg" and VARIANTS[variant][0] == "const":
+            tol *= 10  # one number per head: a sum over B·T positions of cancelling terms
+        if r64[name] is None:
+            assert out[name] is None, f"{name} should be None"
+            continue
+        assert out[name].shape == r64[name].shape, f"{name}: shape {out[name].shape} != {r64[name].shape}"
+        err64, err32 = rel_rmse(r64[name], out[name]), _err_vs(r32[name], out[name], r64[name])
+        errors[name] = max(err64, err32)
+        assert err64 <= tol, f"{variant} {name}: rel. RMSE {err64:.2e} vs float64 recurrence > {tol:.0e}"
+        assert err32 <= tol, f"{variant} {name}: rel. RMSE {err32:.2e} vs jax_ref.chunk_gla > {tol:.0e}"
+    print(variant, {n: f"{e:.1e}" for n, e in errors.items()})
+    return errors
+
+
+# ---------------------------------------------------------------- the launcher of this device
+
+@pytest.mark.parametrize("variant", ["chunk", "fused", "simple_chunk", "simple_fused",
+                                     "gamma_chunk", "gamma_fused"])
+def test_two_level_chunks_with_states(variant):
+    """Chunks of 32 = two sub-chunks (off-diagonal tiles by matmul), initial and final state."""
+    check_variant(variant, chunk_size=32, T=40)
+
+
+@pytest.mark.parametrize("variant, chunk_size, shape, final", [
+    ("chunk", 16, {"T": 1, "h0": False}, True),                         # a single token
+    ("fused", 16, {"T": 1, "K": 8, "V": 40}, True),                     # one token, K < 16, V ≠ K
+    ("chunk", 16, {"T": 23, "K": 40, "V": 80}, True),                   # GPU: two value blocks
+    ("fused", 16, {"T": 23, "K": 40, "V": 80, "h0": False}, False),     # GPU: two value blocks, fused
+    ("simple_chunk", 16, {"T": 17, "K": 24, "V": 12}, True),
+    ("gamma_auto", 16, {"T": 37, "h0": False}, False),                  # auto -> fused path
+    ("gamma_auto", 16, {"T": 9, "B": 2}, False),                        # auto -> chunk path (initial state)
+    ("fused", 32, {"T": 33, "K": 16, "V": 16, "h0": False}, True),      # T one past a chunk boundary
+    ("simple_fused", 16, {"T": 12, "scale": 0.3}, True),                # an explicit scale
+])
+def test_awkward_shapes(variant, chunk_size, shape, final):
+    check_variant(variant, chunk_size=chunk_size, final=final, **shape)
+
+
+@pytest.mark.parametrize("variant", ["chunk", "gamma_fused"])
+def test_bfloat16_inputs(variant):
+    """bf16 q, k, v: bf16 matmul operands, fp32 accumulation, fp32 states and gates."""
+    check_variant(variant, dtype=jnp.bfloat16, T=33)
+
+
+# ---------------------------------------------------------------- the other launcher, interpreted
+
+@contextlib.contextmanager
+def _on_cpu():
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+@pytest.mark.parametrize("variant, chunk_size, cores, shape", [
+    ("chunk", 32, 1, {"T": 40}),
+    ("fused", 16, 2, {"T": 20, "B": 2}),
+    ("gamma_chunk", 16, 1, {"T": 20, "V": 136}),  # two value blocks of 128
+])
+def test_tpu_launcher_interpreted(variant, chunk_size, cores, shape):
+    """The Mosaic launcher under the TPU interpreter: NaN-filled scratch, a random order of the
+    "parallel" grid points (shared by two emulated cores in one case), the race detector on."""
+    params = _compat.tpu_interpret_params(detect_races=True, random_seed=7, num_cores=cores)
+    assert params is not None, f"jax {jax.__version__} has no pltpu.InterpretParams"
+    _compat.reset_tpu_interpreter()
+    with _on_cpu():
+        check_variant(variant, chunk_size=chunk_size, launcher="tpu", interpret=params, **shape)
+    assert _compat.races_found() is not True, "the TPU interpreter detected a data race"
+
+
+def test_gpu_launcher_interpreted():
+    """The Triton-style launcher in Pallas' plain interpreter, wherever the tests run."""
+    with _on_cpu():
+        check_variant("chunk", launcher="gpu", interpret=True, T=20)
+
+
+# ---------------------------------------------------------------- structure: fused means fused
+
+def _kernel_names(fn, *args):
+    text = str(jax.make_jaxpr(fn)(*args))
+    return {name for name in ("gla_state_fwd", "gla_chunk_fwd_o", "gla_fused_fwd", "gla_state_bwd",
+                              "gla_chunk_bwd", "gla_fused_bwd_dq", "gla_fused_bwd_dkv") if name in text}
+
+
+def test_fused_paths_write_no_states():
+    x, _ = make_inputs("chunk", T=40, h0=False)
+    j = as_jax(x)
+
+    def loss(fn):
+        return lambda q, k, v, g: fn(q, k, v, g, chunk_size=16)[0].sum()
+
+    fused = _kernel_names(jax.grad(loss(fused_chunk_gla), argnums=(0, 1, 2, 3)), j["q"], j["k"], j["v"], j["g"])
+    assert fused == {"gla_fused_fwd", "gla_fused_bwd_dq", "gla_fused_bwd_dkv"}
+    chunk = _kernel_names(jax.grad(loss(chunk_gla), argnums=(0, 1, 2, 3)), j["q"], j["k"], j["v"], j["g"])
+    assert chunk == {"gla_state_fwd", "gla_chunk_fwd_o", "gla_state_bwd", "gla_chunk_bwd"}
+
+
+def test_simple_auto_mode_picks_the_rfc_path():
+    x, _ = make_inputs("gamma_auto", T=20)
+    j = as_jax(x)
+    g_gamma = j["g"]
+    run = lambda h0, final: _kernel_names(
+        lambda q, k, v: chunk_simple_gla(q, k, v, g_gamma=g_gamma, initial_state=h0,
+                                         output_final_state=final, chunk_size=16), j["q"], j["k"], j["v"])
+    assert run(None, False) == {"gla_fused_fwd"}
+    assert run(j["initial_state"], False) == {"gla_state_fwd", "gla_chunk_fwd_o"}
+    assert run(None, True) == {"gla_state_fwd", "gla_chunk_fwd_o"}
+
+
+def test_g_gamma_gradient_is_the_sum_over_positions():
+    """g_gamma's gradient equals the scalar-gate gradient summed over batch and time."""
+    x, _ = make_inputs("gamma_chunk", B=2, T=20, h0=False)
+    j = as_jax(x)
+    B, T, H = 2, 20, 2
+    def grads(gg):
+        loss_gamma = lambda gg: chunk_simple_gla(j["q"], j["k"], j["v"], g_gamma=gg, chunk_size=16)[0].sum()
+        loss_scalar = lambda g: chunk_simple_gla(j["q"], j["k"], j["v"], g, chunk_size=16)[0].sum()
+        return jax.grad(loss_gamma)(gg), jax.grad(loss_scalar)(jnp.broadcast_to(gg, (B, T, H)))
+
+    d_gamma, d_scalar = _compiled(grads, j["g"])(j["g"])
+    assert np.abs(np.asarray(d_gamma)).min() > 0
+    assert rel_rmse(np.asarray(d_scalar).sum((0, 1)), d_gamma) < 1e-5
+
+
+# ---------------------------------------------------------------- bad input, rejected before tracing
+
+def _args(B=1, T=8, H=2, K=20, V=24, dtype=jnp.float32):
+    q = jnp.zeros((B, T, H, K), dtype)
+    return q, q, jnp.zeros((B, T, H, V), dtype), jnp.full((B, T, H, K), -0.1, jnp.float32)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda q, k, v, g: chunk_gla(q, k, v, g[..., 0]), ValueError, "g must have shape"),
+    (lambda q, k, v, g: fused_chunk_gla(q, k[:, :4], v, g), ValueError, "k must have shape"),
+    (lambda q, k, v, g: chunk_gla(q, k, v[:, :, :1], g), ValueError, "v must have shape"),
+    (lambda q, k, v, g: chunk_gla(q.astype(jnp.float16), k.astype(jnp.float16), v.astype(jnp.float16), g),
+     TypeError, "float32 or bfloat16"),
+    (lambda q, k, v, g: chunk_gla(q, k, v, g, chunk_size=24), ValueError, "power of two"),
+    (lambda q, k, v, g: chunk_gla(q, k, v, g, chunk_size=8), ValueError, "power of two"),
+    (lambda q, k, v, g: chunk_gla(q, k, v, g, chunk_size=0), ValueError, "chunk_size"),
+    (lambda q, k, v, g: chunk_gla(q, k, v, g, scale="x"), ValueError, "scale"),
+    (lambda q, k, v, g: chunk_gla(q, k, v, g, output_final_state=1), TypeError, "output_final_state"),
+    (lambda q, k, v, g: chunk_gla(q, k, v, g, initial_state=jnp.zeros((1, 2, 24, 20))), ValueError,
+     "initial_state must have shape"),
+    (lambda q, k, v, g: chunk_gla(q, k, v, g, launcher="cuda"), ValueError, "launcher"),
+    (lambda q, k, v, g: chunk_simple_gla(q, k, v), ValueError, "exactly one"),
+    (lambda q, k, v, g: chunk_simple_gla(q, k, v, g[..., 0], g_gamma=g[0, 0, :, 0]), ValueError, "exactly one"),
+    (lambda q, k, v, g: chunk_simple_gla(q, k, v, g_gamma=g[0, 0, 0]), ValueError, "g_gamma must have shape"),
+    (lambda q, k, v, g: chunk_simple_gla(q, k, v, g), ValueError, "g must have shape"),
+    (lambda q, k, v, g: chunk_simple_gla(q, k, v, g[..., 0], mode="fast"), ValueError, "mode"),
+])
+def test_bad_input_is_rejected(call, error, match):
+    with pytest.raises(error, match=match):
+        call(*_args())
+
+
+def test_head_dims_above_256_are_rejected():
+    with pytest.raises(ValueError, match="at most 256"):
+        chunk_gla(*_args(K=264))
+
+
+def test_debug_mode_checks_values():
+    q, k, v, g = _args()
+    with device.debug(True):
+        with pytest.raises(ValueError, match="log forget gates"):
+            chunk_gla(q, k, v, -g)
+        with pytest.raises(ValueError, match="NaN"):
+            fused_chunk_gla(q.at[0, 0, 0, 0].set(jnp.nan), k, v, g)
+        with pytest.raises(ValueError, match="g_gamma"):
+            chunk_simple_gla(q, k, v, g_gamma=jnp.ones((2,)))

@@ -1,0 +1,219 @@
+"""Triton chunk_simple_gla (scalar gates [B,T,H], constant decay g_gamma [H]) against float64.
+
+Each case checks o, the final state and every gradient (dq, dk, dv, dg for data-dependent gates,
+dh0) under random cotangents on o and on the final state. CPU: Triton's interpreter, fp32 and
+fp16, tiny shapes; with CUDA the same cases also run bf16 and the realistic shape.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from gla_ref import device
+from gla_ref.testing import as_torch, assert_close, random_inputs
+from gla_ref.torch_ref import chunk_gla as chunk_ref
+from gla_ref.torch_ref import recurrent_gla
+from gla_ref.triton import chunk_simple as simple_module
+from gla_ref.triton import chunk_simple_gla
+
+CUDA = torch.cuda.is_available()
+DEV = device.torch_device()
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+# Relative RMSE bounds per input dtype, for every tensor (o, final state, dq, dk, dv, dg, dh0):
+# fp32 runs IEEE dots (worst seen ~1e-6), fp16 rounds inputs and matmul operands (~1e-3).
+TOL = {F32: 1e-4, F16: 5e-3, BF16: 3e-2}
+TOL_LONG = {F32: 1e-4, BF16: 3e-2}
+
+GATES = {  # name → (data-dependent g [B,T,H]?, constant g_gamma [H]?)
+    "scalar": (True, False),
+    "gamma": (False, True),
+    "scalar+gamma": (True, True),
+    "none": (False, False),
+}
+
+
+class Case(NamedTuple):
+    dtype: torch.dtype
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    gates: str = "scalar"
+    C: int = 64
+    h0: bool = True
+    final: bool = True
+    tol: dict = TOL
+
+
+def _cases():
+    half = [F16, BF16] if CUDA else [F16]
+    cases = [Case(dtype, 2, 37, 2, 20, 24, C=C) for dtype in (F32, *half) for C in (16, 64)]
+    cases += [Case(F32, 2, 37, 2, 20, 24, gates=gates, C=32) for gates in ("gamma", "scalar+gamma", "none")]
+    cases += [
+        Case(F32, 1, 1, 1, 20, 24, h0=False, final=False),  # T = 1
+        Case(F32, 1, 70, 1, 24, 20, C=32, final=False),  # three chunks, the last partial
+        Case(F16, 1, 70, 1, 24, 20, gates="gamma", h0=False),
+        Case(F16, 1, 40, 1, 72, 40, C=32),  # K = 72: key blocks of 64 and a partial one
+    ]
+    if CUDA:
+        cases += [Case(dtype, 4, 4096, 8, 128, 128, tol=TOL_LONG) for dtype in (F32, BF16)]
+    return cases
+
+
+def _case_id(c):
+    return (f"{str(c.dtype)[6:]}-B{c.B}T{c.T}H{c.H}K{c.K}V{c.V}-{c.gates}-C{c.C}"
+            f"{'-h0' if c.h0 else ''}{'-final' if c.final else ''}")
+
+
+def _inputs(c, seed):
+    """Kernel inputs (q's dtype, float32 gates) and the log-gate the reference sees."""
+    use_g, use_gamma = GATES[c.gates]
+    x = random_inputs(c.B, c.T, c.H, c.K, c.V, "scalar", seed=seed, initial_state=c.h0)
+    x["g_gamma"] = random_inputs(1, 1, c.H, 1, 1, "const", seed=seed + 1)["g"] if use_gamma else None
+    if not use_g:
+        x["g"] = None
+    return as_torch(x, dtype=c.dtype, device=DEV)
+
+
+def _grads(outputs, cotangents, inputs):
+    pairs = [(x, d) for x, d in zip(outputs, cotangents) if x is not None]
+    return torch.autograd.grad([x for x, _ in pairs], inputs, [d for _, d in pairs])
+
+
+@pytest.mark.parametrize("c", _cases(), ids=_case_id)
+def test_against_float64_reference(c):
+    t = _inputs(c, seed=c.T + c.K + c.C)
+    t["g_gamma"] = None if t["g_gamma"] is None else t["g_gamma"].float()
+    names = [n for n in ("q", "k", "v", "g", "initial_state") if t[n] is not None]
+    for n in names:
+        t[n].requires_grad_()
+    o, ht = chunk_simple_gla(t["q"], t["k"], t["v"], t["g"], t["g_gamma"], initial_state=t["initial_state"],
+                             output_final_state=c.final, chunk_size=c.C)
+    assert o.dtype == c.dtype and o.shape == (c.B, c.T, c.H, c.V)
+    assert (ht is None) != c.final
+    if c.final:
+        assert ht.dtype == F32 and ht.shape == (c.B, c.H, c.K, c.V)
+
+    r = {n: (None if a is None else a.detach().double().requires_grad_(a.requires_grad)) for n, a in t.items()}
+    g_ref = r["g"]  # the reference takes one log-gate: g (+ g_gamma broadcast over B, T)
+    if r["g_gamma"] is not None:
+        g_ref = r["g_gamma"] if g_ref is None else g_ref + r["g_gamma"]
+    form, extra = (chunk_ref, {"chunk_size": 16}) if c.T > 1024 else (recurrent_gla, {})
+    ro, rht = form(r["q"], r["k"], r["v"], g_ref, initial_state=r["initial_state"], output_final_state=c.final,
+                   **extra)
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    do = torch.randn(o.shape, generator=gen, device=DEV).to(c.dtype)
+    dht = torch.randn(ht.shape, generator=gen, device=DEV) if c.final else None
+    grads = _grads((o, ht), (do, dht), [t[n] for n in names])
+    ref_grads = _grads((ro, rht), (do.double(), None if dht is None else dht.double()), [r[n] for n in names])
+
+    tol = c.tol[c.dtype]
+    errors = {"o": assert_close("o", ro, o, tol)}
+    if c.final:
+        errors["final_state"] = assert_close("final_state", rht, ht, tol)
+    for n, ref, got in zip(names, ref_grads, grads):
+        assert got.dtype == t[n].dtype and got.shape == t[n].shape
+        errors["d" + n] = assert_close("d" + n, ref, got, tol)
+    print(_case_id(c), {k: f"{e:.1e}" for k, e in errors.items()})
+
+
+def test_g_gamma_gets_no_gradient():
+    """g_gamma is a fixed hyper-parameter: even when it asks for a gradient, none is returned."""
+    x = as_torch(random_inputs(1, 9, 2, 16, 16, "const"), device=DEV, requires_grad=True)
+    o, _ = chunk_simple_gla(x["q"], x["k"], x["v"], g_gamma=x["g"], chunk_size=16)
+    o.sum().backward()
+    assert x["g"].grad is None and x["q"].grad is not None
+
+
+def test_simple_matches_chunk_gla_with_broadcast_gate():
+    """A scalar gate is the GLA gate with equal columns: both kernels agree on o and the gate gradient."""
+    from gla_ref.triton import chunk_gla
+
+    x = as_torch(random_inputs(1, 40, 2, 16, 24, "scalar", initial_state=True), device=DEV)
+    g = x["g"].clone().requires_grad_()
+    g_full = x["g"][..., None].expand(-1, -1, -1, 16).clone().requires_grad_()
+    o1, _ = chunk_simple_gla(x["q"], x["k"], x["v"], g, initial_state=x["initial_state"], chunk_size=16)
+    o2, _ = chunk_gla(x["q"], x["k"], x["v"], g_full, initial_state=x["initial_state"], chunk_size=16)
+    assert_close("o", o2, o1, TOL[F32])
+    do = torch.randn_like(o1)
+    o1.backward(do)
+    o2.backward(do)
+    assert_close("dg", g_full.grad.sum(-1), g.grad, TOL[F32])
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _good(B=1, T=3, H=2, K=8, V=8):
+    x = as_torch(random_inputs(B, T, H, K, V, "scalar", initial_state=True), device=DEV)
+    x["g_gamma"] = as_torch(random_inputs(1, 1, H, 1, 1, "const"), device=DEV)["g"]
+    return x
+
+
+def _bad_inputs():
+    x = _good()
+    q, k, v, g, h0, gamma = x["q"], x["k"], x["v"], x["g"], x["initial_state"], x["g_gamma"]
+    big = _good(K=300)
+    return {  # name → (arguments, keyword arguments, error type, text the message must contain)
+        "q-rank": ((q[0], k, v, g), {}, ValueError, "q must have shape"),
+        "v-shape": ((q, k, v[:, :2], g), {}, ValueError, "v must have shape"),
+        "g-gla": ((q, k, v, g[..., None].expand(-1, -1, -1, 8)), {}, ValueError, "g must have shape"),
+        "g-const": ((q, k, v, gamma), {}, ValueError, "g must have shape"),
+        "g_gamma-shape": ((q, k, v), {"g_gamma": gamma[:1]}, ValueError, "g_gamma must have shape"),
+        "g_gamma-dtype": ((q, k, v), {"g_gamma": gamma.int()}, TypeError, "g_gamma"),
+        "g_gamma-type": ((q, k, v), {"g_gamma": [0.1, 0.2]}, TypeError, "g_gamma"),
+        "g_gamma-device": ((q, k, v), {"g_gamma": gamma.to("meta")}, ValueError, "g_gamma is on"),
+        "h0-shape": ((q, k, v, g), {"initial_state": h0[..., :4]}, ValueError, "initial_state must have shape"),
+        "float64": ((q.double(), k.double(), v.double(), g), {}, TypeError, "float64"),
+        "mixed-dtype": ((q, k.half(), v, g), {}, TypeError, "share one dtype"),
+        "K>256": ((big["q"], big["k"], big["v"], big["g"]), {}, ValueError, "at most 256"),
+        "scale-str": ((q, k, v, g), {"scale": "0.5"}, ValueError, "scale"),
+        "chunk_size-8": ((q, k, v, g), {"chunk_size": 8}, ValueError, "chunk_size"),
+    }
+
+
+BAD = _bad_inputs()
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def launched(*args):
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(simple_module.ChunkSimpleGLAFunction, "apply", launched)
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_input_raises_before_launch(case, no_launch):
+    args, kwargs, error, text = BAD[case]
+    with pytest.raises(error, match=text):
+        chunk_simple_gla(*args, **kwargs)
+
+
+def _poisoned():
+    x = _good()
+    nan_v = x["v"].clone()
+    nan_v[0, 1, 0, 2] = float("nan")
+    positive_g = x["g"].clone()
+    positive_g[0, 2, 1] = 0.5
+    positive_gamma = x["g_gamma"].clone()
+    positive_gamma[1] = 0.1
+    return {  # name → (v, g, g_gamma, argument named in the message)
+        "nan-v": (nan_v, x["g"], None, "v"),
+        "positive-g": (x["v"], positive_g, None, "g"),
+        "positive-g_gamma": (x["v"], None, positive_gamma, "g_gamma"),
+    }, x
+
+
+POISONED, CLEAN = _poisoned()
+
+
+@pytest.mark.parametrize("case", POISONED, ids=list(POISONED))
+def test_debug_mode_checks_values(case, no_launch):
+    v, g, gamma, name = POISONED[case]
+    with device.debug(True), pytest.raises(ValueError, match=f"^{name} "):
+        chunk_simple_gla(CLEAN["q"], CLEAN["k"], v, g, gamma)

@@ -1,0 +1,238 @@
+"""Triton fused kernels (fused_recurrent_gla, fused_chunk_gla) against the float64 reference.
+
+Every case checks o, the final state and every gradient (q, k, v, g, initial_state) under
+cotangents on o and on the final state. On CPU the kernels run in Triton's interpreter (fp32,
+fp16, tiny shapes); with CUDA the same cases also run bf16 and the realistic shape.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from gla_ref import device
+from gla_ref.testing import as_torch, assert_close, random_inputs
+from gla_ref.torch_ref import chunk_gla, recurrent_gla
+from gla_ref.triton import fused_chunk as fused_chunk_module
+from gla_ref.triton import fused_chunk_gla, fused_recurrent_gla
+from gla_ref.triton import fused_recurrent as fused_recurrent_module
+
+CUDA = torch.cuda.is_available()
+DEV = device.torch_device()
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+# Relative RMSE bounds, one per input dtype, for every tensor (o, final state, dq, dk, dv, dg, dh0).
+# Worst seen (CPU interpreter and an H200): fp32 3e-6 (IEEE matmuls); fp16 1e-3 and bf16 2.3e-3,
+# which round o and the gradients to 16 bits (the chunk kernel also its P·V operands). TOL_LONG is
+# the realistic T = 4096 shape (GPU only), where dg sums 4096 rounded terms: fp32 4.5e-6, bf16 5.8e-3.
+TOL = {F32: 1e-5, F16: 5e-3, BF16: 1e-2}
+TOL_LONG = {F32: 2e-5, BF16: 2e-2}
+
+KERNELS = {"recurrent": fused_recurrent_gla, "chunk": fused_chunk_gla}
+
+
+class Case(NamedTuple):
+    kernel: str
+    dtype: torch.dtype
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    gate: str = "gla"
+    h0: bool = True
+    final: bool = True
+    opts: dict = {}
+    gate_dtype: torch.dtype | None = None  # None: float32 gates
+    tol: dict = TOL
+
+
+def _cases():
+    half = [F16, BF16] if CUDA else [F16]
+    cases = []
+    for kernel in KERNELS:
+        for dtype in [F32, *half]:  # the main shape: T = 37 (not a multiple of 16), K ≠ V, neither a power of 2
+            cases.append(Case(kernel, dtype, 2, 37, 2, 20, 24))
+        cases += [
+            Case(kernel, F32, 1, 1, 1, 20, 24, h0=False, final=False),  # T = 1
+            Case(kernel, F32, 1, 37, 2, 20, 24, gate="none"),  # plain linear attention
+            Case(kernel, F32, 1, 23, 1, 24, 20, h0=True, final=False),
+            Case(kernel, F32, 1, 23, 1, 24, 20, h0=False, final=True),
+            Case(kernel, F16, 1, 19, 1, 20, 24, gate_dtype=F16),  # 16-bit gates
+        ]
+    cases += [
+        Case("recurrent", F32, 2, 19, 1, 20, 24, opts=dict(reverse=True)),
+        Case("recurrent", F16, 1, 19, 1, 100, 72),  # K = 100 → BK = 128, BV = 32: three value blocks
+        Case("chunk", F16, 1, 20, 1, 72, 80),  # BK = BV = 64: two key blocks × two value blocks
+        Case("chunk", F32, 1, 70, 1, 16, 16, opts=dict(chunk_size=32)),
+        Case("chunk", F32, 1, 70, 1, 16, 16, h0=False, opts=dict(chunk_size=64)),
+    ]
+    if CUDA:  # the realistic shape
+        cases += [Case(kernel, dtype, 4, 4096, 8, 128, 128, tol=TOL_LONG)
+                  for kernel in KERNELS for dtype in (F32, BF16)]
+    return cases
+
+
+def _case_id(c):
+    opts = "-".join(f"{k}{v}" for k, v in c.opts.items())
+    return (f"{c.kernel}-{str(c.dtype)[6:]}-B{c.B}T{c.T}H{c.H}K{c.K}V{c.V}-{c.gate}"
+            f"{'-h0' if c.h0 else ''}{'-final' if c.final else ''}{'-' + opts if opts else ''}"
+            f"{'-g16' if c.gate_dtype else ''}")
+
+
+def _reference(t, c):
+    """float64 reference on the kernel's own (rounded) inputs; ``reverse`` by flipping time."""
+    flip = (lambda x: None if x is None else x.flip(1)) if c.opts.get("reverse") else (lambda x: x)
+    form = chunk_gla if c.T > 1024 else recurrent_gla
+    extra = dict(chunk_size=16) if form is chunk_gla else {}
+    o, ht = form(flip(t["q"]), flip(t["k"]), flip(t["v"]), flip(t["g"]), initial_state=t["initial_state"],
+                 output_final_state=c.final, **extra)
+    return flip(o), ht
+
+
+def _grads(outputs, cotangents, inputs):
+    pairs = [(x, d) for x, d in zip(outputs, cotangents) if x is not None]
+    return torch.autograd.grad([x for x, _ in pairs], inputs, [d for _, d in pairs])
+
+
+@pytest.mark.parametrize("c", _cases(), ids=_case_id)
+def test_against_float64_reference(c):
+    x = random_inputs(c.B, c.T, c.H, c.K, c.V, c.gate, seed=c.T + c.K, initial_state=c.h0)
+    t = as_torch(x, dtype=c.dtype, device=DEV)
+    if c.gate_dtype is not None:
+        t["g"] = t["g"].to(c.gate_dtype)
+    names = [n for n in ("q", "k", "v", "g", "initial_state") if t[n] is not None]
+    for n in names:
+        t[n].requires_grad_()
+    o, ht = KERNELS[c.kernel](t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"],
+                              output_final_state=c.final, **c.opts)
+    assert o.dtype == c.dtype and o.shape == (c.B, c.T, c.H, c.V)
+    assert (ht is None) != c.final
+    if c.final:
+        assert ht.dtype == F32 and ht.shape == (c.B, c.H, c.K, c.V)
+
+    r = {n: (None if a is None else a.detach().double().requires_grad_(a.requires_grad)) for n, a in t.items()}
+    ro, rht = _reference(r, c)
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    do = torch.randn(o.shape, generator=gen, device=DEV).to(c.dtype)
+    dht = torch.randn(ht.shape, generator=gen, device=DEV) if c.final else None
+    grads = _grads((o, ht), (do, dht), [t[n] for n in names])
+    ref_grads = _grads((ro, rht), (do.double(), None if dht is None else dht.double()), [r[n] for n in names])
+
+    tol = c.tol[c.dtype]
+    errors = {"o": assert_close("o", ro, o, tol)}
+    if c.final:
+        errors["final_state"] = assert_close("final_state", rht, ht, tol)
+    for n, ref, got in zip(names, ref_grads, grads):
+        assert got.dtype == t[n].dtype
+        errors["d" + n] = assert_close("d" + n, ref, got, tol)
+    print(_case_id(c), {k: f"{e:.1e}" for k, e in errors.items()})
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_non_contiguous_inputs(kernel):
+    """Views with other strides (here a [B, H, T, D] tensor transposed) give the same result."""
+    x = as_torch(random_inputs(1, 5, 2, 16, 16, initial_state=True), device=DEV)
+    heads_first = {n: x[n].transpose(1, 2).contiguous().transpose(1, 2) for n in ("q", "k", "v", "g")}
+    assert not heads_first["q"].is_contiguous()
+    args = dict(initial_state=x["initial_state"], output_final_state=True)
+    o1, s1 = KERNELS[kernel](x["q"], x["k"], x["v"], x["g"], **args)
+    o2, s2 = KERNELS[kernel](heads_first["q"], heads_first["k"], heads_first["v"], heads_first["g"], **args)
+    torch.testing.assert_close(o1, o2, rtol=0, atol=0)
+    torch.testing.assert_close(s1, s2, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _good(B=1, T=3, H=1, K=8, V=8):
+    return as_torch(random_inputs(B, T, H, K, V, initial_state=True), device=DEV)
+
+
+def _bad_inputs():
+    x = _good()
+    q, k, v, g, h0 = x["q"], x["k"], x["v"], x["g"], x["initial_state"]
+    big = _good(K=300)
+    return {  # name → (arguments, error type, text the message must contain)
+        "q-rank": ((q[0], k, v, g), {}, ValueError, "q must have shape"),
+        "k-shape": ((q, k[:, :2], v, g), {}, ValueError, "k must have shape"),
+        "v-shape": ((q, k, v[:, :2], g), {}, ValueError, "v must have shape"),
+        "g-rank3": ((q, k, v, g[..., 0]), {}, ValueError, "g must have shape"),
+        "g-shape": ((q, k, v, g[:, :2]), {}, ValueError, "g must have shape"),
+        "h0-shape": ((q, k, v, g), dict(initial_state=h0[..., :4]), ValueError, "initial_state must have shape"),
+        "h0-dtype": ((q, k, v, g), dict(initial_state=h0.half()), TypeError, "initial_state"),
+        "h0-device": ((q, k, v, g), dict(initial_state=h0.to("meta")), ValueError, "initial_state is on"),
+        "float64": ((q.double(), k.double(), v.double(), g), {}, TypeError, "float64"),
+        "int": ((q.int(), k.int(), v.int(), g), {}, TypeError, "q must have a floating dtype"),
+        "mixed-dtype": ((q, k.half(), v, g), {}, TypeError, "share one dtype"),
+        "K>256": ((big["q"], big["k"], big["v"], big["g"]), {}, ValueError, "at most 256"),
+        "scale-nan": ((q, k, v, g), dict(scale=float("nan")), ValueError, "scale"),
+        "scale-str": ((q, k, v, g), dict(scale="0.5"), ValueError, "scale"),
+    }
+
+
+BAD = _bad_inputs()
+BAD_CHUNK = {"chunk_size-20": 20, "chunk_size-0": 0, "chunk_size-True": True, "chunk_size-128": 128}
+
+
+def _forbid_launch(monkeypatch):
+    """Any launch fails the test: errors must come from the checks made before it."""
+    def launched(*args):
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(fused_recurrent_module.FusedRecurrentGLA, "apply", launched)
+    monkeypatch.setattr(fused_chunk_module.FusedChunkGLA, "apply", launched)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_input_raises_before_launch(kernel, case, monkeypatch):
+    args, kwargs, error, text = BAD[case]
+    _forbid_launch(monkeypatch)
+    with pytest.raises(error, match=text):
+        KERNELS[kernel](*args, **kwargs)
+
+
+@pytest.mark.parametrize("case", BAD_CHUNK, ids=list(BAD_CHUNK))
+def test_bad_chunk_size(case, monkeypatch):
+    x = _good()
+    _forbid_launch(monkeypatch)
+    with pytest.raises(ValueError, match="chunk_size"):
+        fused_chunk_gla(x["q"], x["k"], x["v"], x["g"], chunk_size=BAD_CHUNK[case])
+
+
+def _poisoned():
+    x = _good()
+    nan_q = x["q"].clone()
+    nan_q[0, 1, 0, 2] = float("nan")
+    inf_h0 = x["initial_state"].clone()
+    inf_h0[0, 0, 1, 1] = float("inf")
+    positive_g = x["g"].clone()
+    positive_g[0, 2, 0, 3] = 0.5
+    return {  # name → (q, g, initial_state, argument named in the message)
+        "nan-q": (nan_q, x["g"], x["initial_state"], "q"),
+        "inf-h0": (x["q"], x["g"], inf_h0, "initial_state"),
+        "positive-g": (x["q"], positive_g, x["initial_state"], "g"),
+    }, x
+
+
+POISONED, CLEAN = _poisoned()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("case", POISONED, ids=list(POISONED))
+def test_debug_mode_checks_values(kernel, case, monkeypatch):
+    q, g, h0, name = POISONED[case]
+    _forbid_launch(monkeypatch)
+    with device.debug(True), pytest.raises(ValueError, match=f"^{name} "):
+        KERNELS[kernel](q, CLEAN["k"], CLEAN["v"], g, initial_state=h0)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_values_unchecked_without_debug(kernel):
+    """No device sync by default: a positive gate is not looked for, the kernel just runs."""
+    q, g, h0, _ = POISONED["positive-g"]
+    assert not device.is_debug()
+    o, _ = KERNELS[kernel](q, CLEAN["k"], CLEAN["v"], g, initial_state=h0)
+    assert o.shape == CLEAN["v"].shape
