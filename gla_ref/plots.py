@@ -97,6 +97,18 @@ def decay_heatmap(D, ax=None, title=None, floor=1e-4):
     return ax
 
 
+def _finish(ax, xlabel, ylabel, title=None, *, grid=None, legend_size=8):
+    """Axis labels, a light grid (``which=grid``, if given), the legend and the title (if any)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if grid:
+        ax.grid(True, which=grid, alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax
+
+
 def gate_histogram(samples, ax=None, bins=60, xlabel="gate α", title=None):
     """Overlaid density histograms of gate values; ``samples`` maps a label to an array."""
     import matplotlib.pyplot as plt
@@ -107,12 +119,7 @@ def gate_histogram(samples, ax=None, bins=60, xlabel="gate α", title=None):
     for label, x in samples.items():
         ax.hist(to_numpy(x).ravel(), bins=bins, range=(0.0, 1.0), density=True,
                 histtype="step", linewidth=1.5, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("density")
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=9)
-    return ax
+    return _finish(ax, xlabel, "density", title)
 
 
 def steps_vs_gate(log_alpha, steps, ax=None, ylabel="steps", title=None):
@@ -132,13 +139,7 @@ def steps_vs_gate(log_alpha, steps, ax=None, ylabel="steps", title=None):
         n = to_numpy(n)
         keep = n >= 0
         ax.loglog(rate[keep], n[keep], marker="o", markersize=3, label=label)
-    ax.set_xlabel("decay rate −log α")
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=9)
-    return ax
+    return _finish(ax, "decay rate −log α", ylabel, title, grid="both")
 
 # --- chapter 3: parallel and chunkwise forms ---
 
@@ -215,13 +216,7 @@ def plot_error_curves(x, errors, ax=None, *, xlabel="chunk size C", ylabel="rela
         ax.text(x[0], top, " inf / NaN", va="bottom", fontsize=8, color="0.4")
     ax.set_xticks(x, [f"{v:g}" for v in x])
     ax.minorticks_off()
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title, fontsize=9)
-    return ax
+    return _finish(ax, xlabel, ylabel, title, grid="major", legend_size=7)
 
 
 # --- chapters 4+: kernels and benchmarks ---

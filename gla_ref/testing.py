@@ -36,21 +36,24 @@ def random_inputs(B=2, T=37, H=2, K=20, V=24, gate="gla", *, seed=0, tau=4.0,
     return {"q": q, "k": k, "v": v, "g": g, "initial_state": h0}
 
 
+def _convert(inputs, dtype, state_dtype, convert):
+    """``convert(x, dtype)`` for every array of ``inputs`` (None stays None)."""
+    out = {}
+    for name, x in inputs.items():
+        # gates and states keep full precision; q, k, v take the requested dtype
+        dt = state_dtype if name in ("g", "initial_state") else dtype
+        out[name] = None if x is None else convert(x, dt)
+    return out
+
+
 def as_torch(inputs, dtype=None, device=None, requires_grad=False):
     """The same dict as PyTorch tensors (``dtype`` default float32; states stay float32 or float64)."""
     import torch
 
     dtype = dtype or torch.float32
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    out = {}
-    for name, x in inputs.items():
-        if x is None:
-            out[name] = None
-            continue
-        # gates and states keep full precision; q, k, v take the requested dtype
-        dt = state_dtype if name in ("g", "initial_state") else dtype
-        out[name] = torch.tensor(x, dtype=dt, device=device).requires_grad_(requires_grad)
-    return out
+    return _convert(inputs, dtype, state_dtype, lambda x, dt: torch.tensor(
+        x, dtype=dt, device=device).requires_grad_(requires_grad))
 
 
 def as_jax(inputs, dtype=None):
@@ -59,14 +62,7 @@ def as_jax(inputs, dtype=None):
 
     dtype = jnp.dtype(dtype or jnp.float32)
     state_dtype = jnp.float64 if dtype == jnp.float64 else jnp.float32
-    out = {}
-    for name, x in inputs.items():
-        if x is None:
-            out[name] = None
-            continue
-        dt = state_dtype if name in ("g", "initial_state") else dtype
-        out[name] = jnp.asarray(x, dtype=dt)
-    return out
+    return _convert(inputs, dtype, state_dtype, lambda x, dt: jnp.asarray(x, dtype=dt))
 
 
 def to_numpy(x) -> np.ndarray:

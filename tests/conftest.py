@@ -1,4 +1,5 @@
-"""Shared pytest setup: the tests folder on sys.path (for ``recurrence64``) and a JAX x64 fixture."""
+"""Shared pytest setup: Triton's interpreter switch, the tests folder on sys.path (for
+``recurrence64``) and a JAX x64 fixture."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import sys
 
 import pytest
 
+from gla_ref.device import use_triton_interpreter
+
+# Without CUDA, Triton must be in interpreter mode before anything imports it (torch's FLOP
+# counter does, in tests/test_bench_models.py), or its library functions cannot be interpreted.
+use_triton_interpreter()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 

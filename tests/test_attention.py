@@ -19,29 +19,28 @@ def _np(*xs):
 
 # --- direct float64 computations, one query and one key at a time -------------------------
 
-def softmax64(q, k, v, scale, causal):
+def _attend64(q, v, weights, causal, normalize=True):
+    """``o_i = Σ_j w_ij v_j`` (divided by ``Σ_j w_ij`` if ``normalize``), ``weights(b, h, i, js)`` → w_i."""
     B, T, H, K = q.shape
     o = np.zeros(v.shape)
     for b in range(B):
         for h in range(H):
             for i in range(T):
                 js = range(i + 1) if causal else range(T)
-                w = np.array([np.exp(scale * q[b, i, h] @ k[b, j, h]) for j in js])
-                o[b, i, h] = sum(wj * v[b, j, h] for wj, j in zip(w, js)) / w.sum()
-    return o
-
-
-def kernel64(q, k, v, phi, causal, normalize=True, scale=1.0):
-    B, T, H, K = q.shape
-    o = np.zeros(v.shape)
-    for b in range(B):
-        for h in range(H):
-            for i in range(T):
-                js = range(i + 1) if causal else range(T)
-                w = np.array([phi(q[b, i, h]) @ phi(k[b, j, h]) for j in js]) * scale
+                w = weights(b, h, i, js)
                 num = sum(wj * v[b, j, h] for wj, j in zip(w, js))
                 o[b, i, h] = num / w.sum() if normalize else num
     return o
+
+
+def softmax64(q, k, v, scale, causal):
+    return _attend64(q, v, lambda b, h, i, js: np.array(
+        [np.exp(scale * q[b, i, h] @ k[b, j, h]) for j in js]), causal)
+
+
+def kernel64(q, k, v, phi, causal, normalize=True, scale=1.0):
+    return _attend64(q, v, lambda b, h, i, js: np.array(
+        [phi(q[b, i, h]) @ phi(k[b, j, h]) for j in js]) * scale, causal, normalize)
 
 
 def elu1_64(x):

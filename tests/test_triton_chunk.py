@@ -19,6 +19,7 @@ from gla_ref.torch_ref import chunk_gla as chunk_ref
 from gla_ref.torch_ref import recurrent_gla
 from gla_ref.triton import chunk as chunk_module
 from gla_ref.triton import chunk_gla
+from triton_cases import bad_inputs, check_outputs, compare_with_reference, float64_copies, forbid_launch, poisoned
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()
@@ -69,11 +70,6 @@ def _case_id(c):
             f"{'-final' if c.final else ''}{f'-tau{c.tau}' if c.tau != 4.0 else ''}{'-g16' if c.gate_dtype else ''}")
 
 
-def _grads(outputs, cotangents, inputs):
-    pairs = [(x, d) for x, d in zip(outputs, cotangents) if x is not None]
-    return torch.autograd.grad([x for x, _ in pairs], inputs, [d for _, d in pairs])
-
-
 @pytest.mark.parametrize("c", _cases(), ids=_case_id)
 def test_against_float64_reference(c):
     x = random_inputs(c.B, c.T, c.H, c.K, c.V, "gla", seed=c.T + c.K + c.C, tau=c.tau, initial_state=c.h0)
@@ -85,30 +81,14 @@ def test_against_float64_reference(c):
         t[n].requires_grad_()
     o, ht = chunk_gla(t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"],
                       output_final_state=c.final, chunk_size=c.C)
-    assert o.dtype == c.dtype and o.shape == (c.B, c.T, c.H, c.V)
-    assert (ht is None) != c.final
-    if c.final:
-        assert ht.dtype == F32 and ht.shape == (c.B, c.H, c.K, c.V)
+    check_outputs(c, o, ht)
 
     # the reference runs in float64 on the kernel's own (rounded) inputs
-    r = {n: (None if a is None else a.detach().double().requires_grad_(a.requires_grad)) for n, a in t.items()}
+    r = float64_copies(t)
     form, extra = (chunk_ref, {"chunk_size": 16}) if c.T > 1024 else (recurrent_gla, {})
     ro, rht = form(r["q"], r["k"], r["v"], r["g"], initial_state=r["initial_state"], output_final_state=c.final,
                    **extra)
-    gen = torch.Generator(device=DEV).manual_seed(1)
-    do = torch.randn(o.shape, generator=gen, device=DEV).to(c.dtype)
-    dht = torch.randn(ht.shape, generator=gen, device=DEV) if c.final else None
-    grads = _grads((o, ht), (do, dht), [t[n] for n in names])
-    ref_grads = _grads((ro, rht), (do.double(), None if dht is None else dht.double()), [r[n] for n in names])
-
-    tol = c.tol[c.dtype]
-    errors = {"o": assert_close("o", ro, o, tol)}
-    if c.final:
-        errors["final_state"] = assert_close("final_state", rht, ht, tol)
-    for n, ref, got in zip(names, ref_grads, grads):
-        assert got.dtype == t[n].dtype and got.shape == t[n].shape
-        errors["d" + n] = assert_close("d" + n, ref, got, tol)
-    print(_case_id(c), {k: f"{e:.1e}" for k, e in errors.items()})
+    compare_with_reference(c, t, r, names, (o, ht), (ro, rht), _case_id(c), DEV)
 
 
 def test_only_final_state_cotangent():
@@ -152,24 +132,10 @@ def _good(B=1, T=3, H=1, K=8, V=8):
 
 def _bad_inputs():
     x = _good()
-    q, k, v, g, h0 = x["q"], x["k"], x["v"], x["g"], x["initial_state"]
-    big = _good(K=300)
-    return {  # name → (arguments, keyword arguments, error type, text the message must contain)
-        "q-rank": ((q[0], k, v, g), {}, ValueError, "q must have shape"),
-        "k-shape": ((q, k[:, :2], v, g), {}, ValueError, "k must have shape"),
-        "v-shape": ((q, k, v[:, :2], g), {}, ValueError, "v must have shape"),
+    q, k, v, g = x["q"], x["k"], x["v"], x["g"]
+    return {  # the shared cases, then chunk_gla's own
+        **bad_inputs(_good),
         "g-none": ((q, k, v, None), {}, ValueError, "g is required"),
-        "g-scalar": ((q, k, v, g[..., 0]), {}, ValueError, "g must have shape"),
-        "g-shape": ((q, k, v, g[:, :2]), {}, ValueError, "g must have shape"),
-        "h0-shape": ((q, k, v, g), {"initial_state": h0[..., :4]}, ValueError, "initial_state must have shape"),
-        "h0-dtype": ((q, k, v, g), {"initial_state": h0.half()}, TypeError, "initial_state"),
-        "h0-device": ((q, k, v, g), {"initial_state": h0.to("meta")}, ValueError, "initial_state is on"),
-        "float64": ((q.double(), k.double(), v.double(), g), {}, TypeError, "float64"),
-        "int": ((q.int(), k.int(), v.int(), g), {}, TypeError, "q must have a floating dtype"),
-        "mixed-dtype": ((q, k.half(), v, g), {}, TypeError, "share one dtype"),
-        "K>256": ((big["q"], big["k"], big["v"], big["g"]), {}, ValueError, "at most 256"),
-        "scale-nan": ((q, k, v, g), {"scale": float("nan")}, ValueError, "scale"),
-        "scale-str": ((q, k, v, g), {"scale": "0.5"}, ValueError, "scale"),
         "final-not-bool": ((q, k, v, g), {"output_final_state": "yes"}, TypeError, "output_final_state"),
         "chunk_size-20": ((q, k, v, g), {"chunk_size": 20}, ValueError, "chunk_size"),
         "chunk_size-128": ((q, k, v, g), {"chunk_size": 128}, ValueError, "chunk_size"),
@@ -183,10 +149,7 @@ BAD = _bad_inputs()
 @pytest.fixture
 def no_launch(monkeypatch):
     """Any launch fails the test: errors must come from the checks made before it."""
-    def launched(*args):
-        raise AssertionError("a kernel was launched")
-
-    monkeypatch.setattr(chunk_module.ChunkGLAFunction, "apply", launched)
+    forbid_launch(monkeypatch, chunk_module.ChunkGLAFunction, ["apply"])
 
 
 @pytest.mark.parametrize("case", BAD, ids=list(BAD))
@@ -196,22 +159,8 @@ def test_bad_input_raises_before_launch(case, no_launch):
         chunk_gla(*args, **kwargs)
 
 
-def _poisoned():
-    x = _good()
-    nan_q = x["q"].clone()
-    nan_q[0, 1, 0, 2] = float("nan")
-    inf_h0 = x["initial_state"].clone()
-    inf_h0[0, 0, 1, 1] = float("inf")
-    positive_g = x["g"].clone()
-    positive_g[0, 2, 0, 3] = 0.5
-    return {  # name → (q, g, initial_state, argument named in the message)
-        "nan-q": (nan_q, x["g"], x["initial_state"], "q"),
-        "inf-h0": (x["q"], x["g"], inf_h0, "initial_state"),
-        "positive-g": (x["q"], positive_g, x["initial_state"], "g"),
-    }, x
-
-
-POISONED, CLEAN = _poisoned()
+CLEAN = _good()
+POISONED = poisoned(CLEAN)
 
 
 @pytest.mark.parametrize("case", POISONED, ids=list(POISONED))

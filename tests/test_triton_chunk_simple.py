@@ -18,6 +18,7 @@ from gla_ref.torch_ref import chunk_gla as chunk_ref
 from gla_ref.torch_ref import recurrent_gla
 from gla_ref.triton import chunk_simple as simple_module
 from gla_ref.triton import chunk_simple_gla
+from triton_cases import check_outputs, compare_with_reference, float64_copies, forbid_launch
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()
@@ -80,11 +81,6 @@ def _inputs(c, seed):
     return as_torch(x, dtype=c.dtype, device=DEV)
 
 
-def _grads(outputs, cotangents, inputs):
-    pairs = [(x, d) for x, d in zip(outputs, cotangents) if x is not None]
-    return torch.autograd.grad([x for x, _ in pairs], inputs, [d for _, d in pairs])
-
-
 @pytest.mark.parametrize("c", _cases(), ids=_case_id)
 def test_against_float64_reference(c):
     t = _inputs(c, seed=c.T + c.K + c.C)
@@ -94,32 +90,16 @@ def test_against_float64_reference(c):
         t[n].requires_grad_()
     o, ht = chunk_simple_gla(t["q"], t["k"], t["v"], t["g"], t["g_gamma"], initial_state=t["initial_state"],
                              output_final_state=c.final, chunk_size=c.C)
-    assert o.dtype == c.dtype and o.shape == (c.B, c.T, c.H, c.V)
-    assert (ht is None) != c.final
-    if c.final:
-        assert ht.dtype == F32 and ht.shape == (c.B, c.H, c.K, c.V)
+    check_outputs(c, o, ht)
 
-    r = {n: (None if a is None else a.detach().double().requires_grad_(a.requires_grad)) for n, a in t.items()}
+    r = float64_copies(t)
     g_ref = r["g"]  # the reference takes one log-gate: g (+ g_gamma broadcast over B, T)
     if r["g_gamma"] is not None:
         g_ref = r["g_gamma"] if g_ref is None else g_ref + r["g_gamma"]
     form, extra = (chunk_ref, {"chunk_size": 16}) if c.T > 1024 else (recurrent_gla, {})
     ro, rht = form(r["q"], r["k"], r["v"], g_ref, initial_state=r["initial_state"], output_final_state=c.final,
                    **extra)
-    gen = torch.Generator(device=DEV).manual_seed(1)
-    do = torch.randn(o.shape, generator=gen, device=DEV).to(c.dtype)
-    dht = torch.randn(ht.shape, generator=gen, device=DEV) if c.final else None
-    grads = _grads((o, ht), (do, dht), [t[n] for n in names])
-    ref_grads = _grads((ro, rht), (do.double(), None if dht is None else dht.double()), [r[n] for n in names])
-
-    tol = c.tol[c.dtype]
-    errors = {"o": assert_close("o", ro, o, tol)}
-    if c.final:
-        errors["final_state"] = assert_close("final_state", rht, ht, tol)
-    for n, ref, got in zip(names, ref_grads, grads):
-        assert got.dtype == t[n].dtype and got.shape == t[n].shape
-        errors["d" + n] = assert_close("d" + n, ref, got, tol)
-    print(_case_id(c), {k: f"{e:.1e}" for k, e in errors.items()})
+    compare_with_reference(c, t, r, names, (o, ht), (ro, rht), _case_id(c), DEV)
 
 
 def test_g_gamma_gets_no_gradient():
@@ -181,10 +161,7 @@ BAD = _bad_inputs()
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    def launched(*args):
-        raise AssertionError("a kernel was launched")
-
-    monkeypatch.setattr(simple_module.ChunkSimpleGLAFunction, "apply", launched)
+    forbid_launch(monkeypatch, simple_module.ChunkSimpleGLAFunction, ["apply"])
 
 
 @pytest.mark.parametrize("case", BAD, ids=list(BAD))

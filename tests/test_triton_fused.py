@@ -18,6 +18,7 @@ from gla_ref.torch_ref import chunk_gla, recurrent_gla
 from gla_ref.triton import fused_chunk as fused_chunk_module
 from gla_ref.triton import fused_chunk_gla, fused_recurrent_gla
 from gla_ref.triton import fused_recurrent as fused_recurrent_module
+from triton_cases import bad_inputs, check_outputs, compare_with_reference, float64_copies, forbid_launch, poisoned
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()
@@ -92,11 +93,6 @@ def _reference(t, c):
     return flip(o), ht
 
 
-def _grads(outputs, cotangents, inputs):
-    pairs = [(x, d) for x, d in zip(outputs, cotangents) if x is not None]
-    return torch.autograd.grad([x for x, _ in pairs], inputs, [d for _, d in pairs])
-
-
 @pytest.mark.parametrize("c", _cases(), ids=_case_id)
 def test_against_float64_reference(c):
     x = random_inputs(c.B, c.T, c.H, c.K, c.V, c.gate, seed=c.T + c.K, initial_state=c.h0)
@@ -108,27 +104,11 @@ def test_against_float64_reference(c):
         t[n].requires_grad_()
     o, ht = KERNELS[c.kernel](t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"],
                               output_final_state=c.final, **c.opts)
-    assert o.dtype == c.dtype and o.shape == (c.B, c.T, c.H, c.V)
-    assert (ht is None) != c.final
-    if c.final:
-        assert ht.dtype == F32 and ht.shape == (c.B, c.H, c.K, c.V)
+    check_outputs(c, o, ht)
 
-    r = {n: (None if a is None else a.detach().double().requires_grad_(a.requires_grad)) for n, a in t.items()}
+    r = float64_copies(t)
     ro, rht = _reference(r, c)
-    gen = torch.Generator(device=DEV).manual_seed(1)
-    do = torch.randn(o.shape, generator=gen, device=DEV).to(c.dtype)
-    dht = torch.randn(ht.shape, generator=gen, device=DEV) if c.final else None
-    grads = _grads((o, ht), (do, dht), [t[n] for n in names])
-    ref_grads = _grads((ro, rht), (do.double(), None if dht is None else dht.double()), [r[n] for n in names])
-
-    tol = c.tol[c.dtype]
-    errors = {"o": assert_close("o", ro, o, tol)}
-    if c.final:
-        errors["final_state"] = assert_close("final_state", rht, ht, tol)
-    for n, ref, got in zip(names, ref_grads, grads):
-        assert got.dtype == t[n].dtype
-        errors["d" + n] = assert_close("d" + n, ref, got, tol)
-    print(_case_id(c), {k: f"{e:.1e}" for k, e in errors.items()})
+    compare_with_reference(c, t, r, names, (o, ht), (ro, rht), _case_id(c), DEV)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -151,25 +131,7 @@ def _good(B=1, T=3, H=1, K=8, V=8):
 
 
 def _bad_inputs():
-    x = _good()
-    q, k, v, g, h0 = x["q"], x["k"], x["v"], x["g"], x["initial_state"]
-    big = _good(K=300)
-    return {  # name → (arguments, error type, text the message must contain)
-        "q-rank": ((q[0], k, v, g), {}, ValueError, "q must have shape"),
-        "k-shape": ((q, k[:, :2], v, g), {}, ValueError, "k must have shape"),
-        "v-shape": ((q, k, v[:, :2], g), {}, ValueError, "v must have shape"),
-        "g-rank3": ((q, k, v, g[..., 0]), {}, ValueError, "g must have shape"),
-        "g-shape": ((q, k, v, g[:, :2]), {}, ValueError, "g must have shape"),
-        "h0-shape": ((q, k, v, g), dict(initial_state=h0[..., :4]), ValueError, "initial_state must have shape"),
-        "h0-dtype": ((q, k, v, g), dict(initial_state=h0.half()), TypeError, "initial_state"),
-        "h0-device": ((q, k, v, g), dict(initial_state=h0.to("meta")), ValueError, "initial_state is on"),
-        "float64": ((q.double(), k.double(), v.double(), g), {}, TypeError, "float64"),
-        "int": ((q.int(), k.int(), v.int(), g), {}, TypeError, "q must have a floating dtype"),
-        "mixed-dtype": ((q, k.half(), v, g), {}, TypeError, "share one dtype"),
-        "K>256": ((big["q"], big["k"], big["v"], big["g"]), {}, ValueError, "at most 256"),
-        "scale-nan": ((q, k, v, g), dict(scale=float("nan")), ValueError, "scale"),
-        "scale-str": ((q, k, v, g), dict(scale="0.5"), ValueError, "scale"),
-    }
+    return bad_inputs(_good)
 
 
 BAD = _bad_inputs()
@@ -178,11 +140,8 @@ BAD_CHUNK = {"chunk_size-20": 20, "chunk_size-0": 0, "chunk_size-True": True, "c
 
 def _forbid_launch(monkeypatch):
     """Any launch fails the test: errors must come from the checks made before it."""
-    def launched(*args):
-        raise AssertionError("a kernel was launched")
-
-    monkeypatch.setattr(fused_recurrent_module.FusedRecurrentGLA, "apply", launched)
-    monkeypatch.setattr(fused_chunk_module.FusedChunkGLA, "apply", launched)
+    forbid_launch(monkeypatch, fused_recurrent_module.FusedRecurrentGLA, ["apply"])
+    forbid_launch(monkeypatch, fused_chunk_module.FusedChunkGLA, ["apply"])
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -202,22 +161,8 @@ def test_bad_chunk_size(case, monkeypatch):
         fused_chunk_gla(x["q"], x["k"], x["v"], x["g"], chunk_size=BAD_CHUNK[case])
 
 
-def _poisoned():
-    x = _good()
-    nan_q = x["q"].clone()
-    nan_q[0, 1, 0, 2] = float("nan")
-    inf_h0 = x["initial_state"].clone()
-    inf_h0[0, 0, 1, 1] = float("inf")
-    positive_g = x["g"].clone()
-    positive_g[0, 2, 0, 3] = 0.5
-    return {  # name → (q, g, initial_state, argument named in the message)
-        "nan-q": (nan_q, x["g"], x["initial_state"], "q"),
-        "inf-h0": (x["q"], x["g"], inf_h0, "initial_state"),
-        "positive-g": (x["q"], positive_g, x["initial_state"], "g"),
-    }, x
-
-
-POISONED, CLEAN = _poisoned()
+CLEAN = _good()
+POISONED = poisoned(CLEAN)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -22,6 +22,7 @@ from gla_ref.testing import as_torch, assert_close, random_inputs, to_numpy
 from gla_ref.torch_ref import chunk_gla
 from gla_ref.triton import fused_chunk_gla_historical
 from gla_ref.triton import historical as hist
+from triton_cases import bad_inputs, forbid_launch, poisoned
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()
@@ -314,11 +315,7 @@ LAUNCHERS = ("launch_decay_cumsum", "launch_prepare_qg_kg", "launch_fused_chunk"
 
 def _forbid_launch(monkeypatch):
     """Any launch fails the test: errors must come from the checks made before it."""
-    def launched(*args, **kwargs):
-        raise AssertionError("a kernel was launched")
-
-    for name in LAUNCHERS:
-        monkeypatch.setattr(hist, name, launched)
+    forbid_launch(monkeypatch, hist, LAUNCHERS)
 
 
 def _good(B=1, T=3, H=1, K=8, V=8):
@@ -327,25 +324,7 @@ def _good(B=1, T=3, H=1, K=8, V=8):
 
 def _bad_pipeline():
     x = _good()
-    q, k, v, g, h0 = x["q"], x["k"], x["v"], x["g"], x["initial_state"]
-    big = _good(K=300)
-    return {  # name → (arguments, keyword arguments, error type, text the message must contain)
-        "q-rank": ((q[0], k, v, g), {}, ValueError, "q must have shape"),
-        "k-shape": ((q, k[:, :2], v, g), {}, ValueError, "k must have shape"),
-        "v-shape": ((q, k, v[:, :2], g), {}, ValueError, "v must have shape"),
-        "g-none": ((q, k, v, None), {}, ValueError, "g is required"),
-        "g-rank3": ((q, k, v, g[..., 0]), {}, ValueError, "g must have shape"),
-        "g-shape": ((q, k, v, g[:, :2]), {}, ValueError, "g must have shape"),
-        "h0-shape": ((q, k, v, g), dict(initial_state=h0[..., :4]), ValueError, "initial_state must have shape"),
-        "h0-dtype": ((q, k, v, g), dict(initial_state=h0.half()), TypeError, "initial_state"),
-        "h0-device": ((q, k, v, g), dict(initial_state=h0.to("meta")), ValueError, "initial_state is on"),
-        "float64": ((q.double(), k.double(), v.double(), g), {}, TypeError, "float64"),
-        "int": ((q.int(), k.int(), v.int(), g), {}, TypeError, "q must have a floating dtype"),
-        "mixed-dtype": ((q, k.half(), v, g), {}, TypeError, "share one dtype"),
-        "K>256": ((big["q"], big["k"], big["v"], big["g"]), {}, ValueError, "at most 256"),
-        "scale-nan": ((q, k, v, g), dict(scale=float("nan")), ValueError, "scale"),
-        "scale-str": ((q, k, v, g), dict(scale="0.5"), ValueError, "scale"),
-    }
+    return {**bad_inputs(_good), "g-none": ((x["q"], x["k"], x["v"], None), {}, ValueError, "g is required")}
 
 
 BAD = _bad_pipeline()
@@ -401,22 +380,8 @@ def test_bad_stage_input_raises_before_launch(case, monkeypatch):
         fn(*args, **kwargs)
 
 
-def _poisoned():
-    x = _good()
-    nan_q = x["q"].clone()
-    nan_q[0, 1, 0, 2] = float("nan")
-    inf_h0 = x["initial_state"].clone()
-    inf_h0[0, 0, 1, 1] = float("inf")
-    positive_g = x["g"].clone()
-    positive_g[0, 2, 0, 3] = 0.5
-    return {  # name → (q, g, initial_state, argument named in the message)
-        "nan-q": (nan_q, x["g"], x["initial_state"], "q"),
-        "inf-h0": (x["q"], x["g"], inf_h0, "initial_state"),
-        "positive-g": (x["q"], positive_g, x["initial_state"], "g"),
-    }, x
-
-
-POISONED, CLEAN = _poisoned()
+CLEAN = _good()
+POISONED = poisoned(CLEAN)
 
 
 @pytest.mark.parametrize("case", POISONED, ids=list(POISONED))

@@ -181,6 +181,17 @@ def _gate_grad(q, k, dq, dk, g, ht, dht):
     return dg
 
 
+def checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size, launcher,
+                interpret, *, fused):
+    """Validate a public call's arguments, plan it and run it (shared by both public paths)."""
+    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(4,), max_dim=MAX_DIM)
+    check_options(q, k, v, scale, chunk_size, output_final_state)
+    check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=fused,
+                     want_final=output_final_state)
+    return run(q, k, v, g, initial_state, plan)
+
+
 def _kernels(plan: Plan):
     @jax.custom_vjp
     def f(q, k, v, g, h0):
@@ -223,9 +234,5 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state or None.
     """
-    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(4,), max_dim=MAX_DIM)
-    check_options(q, k, v, scale, chunk_size, output_final_state)
-    check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
-    plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=False,
-                     want_final=output_final_state)
-    return run(q, k, v, g, initial_state, plan)
+    return checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size, launcher,
+                       interpret, fused=False)

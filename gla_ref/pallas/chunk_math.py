@@ -163,33 +163,39 @@ def _masked_grad_scores(doI, vI):
     return jnp.where(_causal(doI.shape[0]), mm_nt(doI, vI), 0.0)
 
 
+def _loop_keys(x, b, body):
+    """``fori_loop`` over the keys ``j`` of one diagonal tile, starting from zeros shaped like ``x``:
+    ``acc = body(j, acc, x (float32), rows, e)`` with ``e_i = e^{b_i − b_j}`` for rows i ≥ j (else 1)."""
+    c, xf = x.shape[0], x.astype(F32)
+    rows = _iota((c, 1), 0)
+
+    def step(j, acc):
+        return body(j, acc, xf, rows, jnp.exp(jnp.where(rows >= j, b - row(b, j), 0.0)))
+
+    return lax.fori_loop(0, c, step, jnp.zeros(x.shape, F32))
+
+
 def _diag_dq(dA, k, b, scale):
     """``dq_i = scale Σ_{j ≤ i} dA_ij k_j ⊙ e^{b_i − b_j}`` inside one diagonal tile."""
     if b.shape[1] == 1:
         return scale * mm(_lowp(dA * _decay_tile(b), k), k)
-    c, kf = k.shape[0], k.astype(F32)
-    rows = _iota((c, 1), 0)
 
-    def add_key(j, dq):
-        e = jnp.exp(jnp.where(rows >= j, b - row(b, j), 0.0))
+    def add_key(j, dq, kf, rows, e):
         return dq + col(dA, j) * row(kf, j) * e  # col(dA, j) is 0 above the diagonal
 
-    return scale * lax.fori_loop(0, c, add_key, jnp.zeros(k.shape, F32))
+    return scale * _loop_keys(k, b, add_key)
 
 
 def _diag_dk(dA, q, b, scale):
     """``dk_j = scale Σ_{i ≥ j} dA_ij q_i ⊙ e^{b_i − b_j}`` inside one diagonal tile."""
     if b.shape[1] == 1:
         return scale * mm_tn(_lowp(dA * _decay_tile(b), q), q)
-    c, qf = q.shape[0], q.astype(F32)
-    rows = _iota((c, 1), 0)
 
-    def key_row(j, dk):
-        e = jnp.exp(jnp.where(rows >= j, b - row(b, j), 0.0))
+    def key_row(j, dk, qf, rows, e):
         dkj = jnp.sum(col(dA, j) * qf * e, axis=0, keepdims=True)
         return jnp.where(rows == j, dkj, dk)
 
-    return scale * lax.fori_loop(0, c, key_row, jnp.zeros(q.shape, F32))
+    return scale * _loop_keys(q, b, key_row)
 
 
 def chunk_dq(q, k, v, b, do, St, scale):

@@ -10,8 +10,7 @@ in a forward loop (for ``dq``) and carries the state gradient on chip in a backw
 
 from __future__ import annotations
 
-from gla_ref._validate import check_inputs
-from gla_ref.pallas.chunk import MAX_DIM, check_options, check_values, make_plan, run
+from gla_ref.pallas.chunk import checked_run
 
 __all__ = ["fused_chunk_gla"]
 
@@ -19,9 +18,5 @@ __all__ = ["fused_chunk_gla"]
 def fused_chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
                     chunk_size=64, launcher=None, interpret=None):
     """GLA with the fused Pallas kernel; arguments and result as :func:`gla_ref.pallas.chunk_gla`."""
-    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(4,), max_dim=MAX_DIM)
-    check_options(q, k, v, scale, chunk_size, output_final_state)
-    check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
-    plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=True,
-                     want_final=output_final_state)
-    return run(q, k, v, g, initial_state, plan)
+    return checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size, launcher,
+                       interpret, fused=True)

@@ -12,6 +12,7 @@ Triton needs every tensor size to be a power of two: ``K`` and ``V`` are padded 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -19,8 +20,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from gla_ref.pallas import _compat
+from gla_ref.pallas import _compat, _launch
 from gla_ref.pallas import chunk_math as cm
+from gla_ref.pallas._launch import store as _store
+from gla_ref.pallas._launch import sub_blocks as _sub_blocks
 
 BLOCK_V = 64
 """Value columns per program: keeps the ``[BV, K]`` float32 state within a program's registers."""
@@ -108,15 +111,6 @@ def _partial_spec(d: Dims):
 
 # ---------------------------------------------------------------- helpers
 
-def _sub_blocks(ref, n_sub, start=0):
-    return [ref[pl.ds(start + i * cm.SUB, cm.SUB), :] for i in range(n_sub)]
-
-
-def _store(ref, blocks, start=0):
-    for i, x in enumerate(blocks):
-        ref[pl.ds(start + i * cm.SUB, cm.SUB), :] = x.astype(ref.dtype)
-
-
 def _chunk_start(d: Dims, n):
     return pl.multiple_of(n * d.C, d.C)
 
@@ -129,6 +123,15 @@ def _call(kernel, grid, in_specs, out_specs, out_shape, *, interpret, name):
 
 def _sds(shape, dtype=jnp.float32):
     return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _state_call(kernel, d: Dims, in_specs, args, out_specs, out_shape, state_in, want_state_out, *,
+                interpret, name):
+    """Run a kernel looping over a head's chunks on the grid ``(B, H, NV)``; the initial state
+    ``state_in`` and the final state are optional (see :func:`_launch.with_state`)."""
+    call = functools.partial(_call, kernel, (d.B, d.H, d.NV), interpret=interpret, name=name)
+    return _launch.with_state(call, in_specs, args, out_specs, out_shape, state_in, want_state_out,
+                              _seq_state_spec(d), _sds((d.B, d.H, d.V, d.K)))
 
 
 def _split(refs, *flags):
@@ -164,16 +167,9 @@ def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
         if ht_ref is not None:
             ht_ref[...] = S
 
-    in_specs = [_seq_spec(d, d.K), _seq_value_spec(d), _seq_spec(d, d.Kg)]
-    args = [k, v, b]
-    if h0 is not None:
-        in_specs.append(_seq_state_spec(d))
-        args.append(h0)
-    out_specs = [_seq_states_spec(d)] + ([_seq_state_spec(d)] if want_final else [])
-    out_shape = [_sds((d.B, d.H, d.N, d.V, d.K))] + ([_sds((d.B, d.H, d.V, d.K))] if want_final else [])
-    outs = _call(kernel, (d.B, d.H, d.NV), in_specs, out_specs, out_shape, interpret=interpret,
-                 name="gla_state_fwd")(*args)
-    return outs[0], (outs[1] if want_final else None)
+    return _state_call(kernel, d, [_seq_spec(d, d.K), _seq_value_spec(d), _seq_spec(d, d.Kg)],
+                       [k, v, b], [_seq_states_spec(d)], [_sds((d.B, d.H, d.N, d.V, d.K))], h0,
+                       want_final, interpret=interpret, name="gla_state_fwd")
 
 
 def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
@@ -181,11 +177,7 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
     d = dims_of(q, v, b, chunk)
     n_sub = d.C // cm.SUB
 
-    def kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref):
-        qs, ks, bs = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, b_ref))
-        A = cm.intra_scores(qs, ks, bs, scale)
-        _store(o_ref, cm.chunk_output(qs, _sub_blocks(v_ref, n_sub), bs, h_ref[...], A, scale))
-
+    kernel = _launch.chunk_output_kernel(n_sub, scale)
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d), _chunk_spec(d, d.Kg),
                 _chunk_state_spec(d)]
     return _call(kernel, (d.B, d.H, d.NV, d.N), in_specs, _value_spec(d), _sds(v.shape, q.dtype),
@@ -215,15 +207,9 @@ def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
             ht_ref[...] = S
 
     in_specs = [_seq_spec(d, d.K), _seq_spec(d, d.K), _seq_value_spec(d), _seq_spec(d, d.Kg)]
-    args = [q, k, v, b]
-    if h0 is not None:
-        in_specs.append(_seq_state_spec(d))
-        args.append(h0)
-    out_specs = [_seq_value_spec(d)] + ([_seq_state_spec(d)] if want_final else [])
-    out_shape = [_sds(v.shape, q.dtype)] + ([_sds((d.B, d.H, d.V, d.K))] if want_final else [])
-    outs = _call(kernel, (d.B, d.H, d.NV), in_specs, out_specs, out_shape, interpret=interpret,
-                 name="gla_fused_fwd")(*args)
-    return outs[0], (outs[1] if want_final else None)
+    return _state_call(kernel, d, in_specs, [q, k, v, b], [_seq_value_spec(d)],
+                       [_sds(v.shape, q.dtype)], h0, want_final, interpret=interpret,
+                       name="gla_fused_fwd")
 
 
 # ---------------------------------------------------------------- non-fused backward
@@ -249,16 +235,9 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
         if dh0_ref is not None:
             dh0_ref[...] = dS
 
-    in_specs = [_seq_spec(d, d.K), _seq_spec(d, d.Kg), _seq_value_spec(d)]
-    args = [q, b, do]
-    if dht is not None:
-        in_specs.append(_seq_state_spec(d))
-        args.append(dht)
-    out_specs = [_seq_states_spec(d)] + ([_seq_state_spec(d)] if want_dh0 else [])
-    out_shape = [_sds((d.B, d.H, d.N, d.V, d.K))] + ([_sds((d.B, d.H, d.V, d.K))] if want_dh0 else [])
-    outs = _call(kernel, (d.B, d.H, d.NV), in_specs, out_specs, out_shape, interpret=interpret,
-                 name="gla_state_bwd")(*args)
-    return outs[0], (outs[1] if want_dh0 else None)
+    return _state_call(kernel, d, [_seq_spec(d, d.K), _seq_spec(d, d.Kg), _seq_value_spec(d)],
+                       [q, b, do], [_seq_states_spec(d)], [_sds((d.B, d.H, d.N, d.V, d.K))], dht,
+                       want_dh0, interpret=interpret, name="gla_state_bwd")
 
 
 def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
@@ -267,13 +246,7 @@ def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
     d = dims_of(q, v, b, chunk)
     n_sub = d.C // cm.SUB
 
-    def kernel(q_ref, k_ref, v_ref, b_ref, do_ref, h_ref, dso_ref, dq_ref, dk_ref, dv_ref):
-        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
-        _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, h_ref[...], scale))
-        dk, dv = cm.chunk_dkv(qs, ks, vs, bs, dos, dso_ref[...], cm.intra_scores(qs, ks, bs, scale), scale)
-        _store(dk_ref, dk)
-        _store(dv_ref, dv)
-
+    kernel = _launch.chunk_grad_kernel(n_sub, scale)
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d), _chunk_spec(d, d.Kg),
                 _value_spec(d), _chunk_state_spec(d), _chunk_state_spec(d)]
     part = _sds((d.B, d.H, d.NV, d.N * d.C, d.K))
@@ -290,7 +263,6 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
     (re-building the state), a second loops backwards for ``dk, dv, dh0``."""
     d = dims_of(q, v, b, chunk)
     n_sub = d.C // cm.SUB
-    grid = (d.B, d.H, d.NV)
     part = _sds((d.B, d.H, d.NV, d.N * d.C, d.K))
     seq_in = [_seq_spec(d, d.K), _seq_spec(d, d.K), _seq_value_spec(d), _seq_spec(d, d.Kg),
               _seq_value_spec(d)]
@@ -306,10 +278,8 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
 
         lax.fori_loop(0, d.N, step, _initial(h0_ref, d))
 
-    args = [q, k, v, b, do] + ([h0] if h0 is not None else [])
-    in_specs = seq_in + ([_seq_state_spec(d)] if h0 is not None else [])
-    dq = _call(dq_kernel, grid, in_specs, _seq_partial_spec(d), part, interpret=interpret,
-               name="gla_fused_bwd_dq")(*args)
+    dq, _ = _state_call(dq_kernel, d, seq_in, [q, k, v, b, do], [_seq_partial_spec(d)], [part], h0,
+                        False, interpret=interpret, name="gla_fused_bwd_dq")
 
     def dkv_kernel(q_ref, k_ref, v_ref, b_ref, do_ref, *refs):
         (dht_ref,), refs = _split(refs, dht is not None)
@@ -327,10 +297,7 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
         if dh0_ref is not None:
             dh0_ref[...] = dS
 
-    args = [q, k, v, b, do] + ([dht] if dht is not None else [])
-    in_specs = seq_in + ([_seq_state_spec(d)] if dht is not None else [])
-    out_specs = [_seq_partial_spec(d), _seq_value_spec(d)] + ([_seq_state_spec(d)] if want_dh0 else [])
-    out_shape = [part, _sds(v.shape)] + ([_sds((d.B, d.H, d.V, d.K))] if want_dh0 else [])
-    outs = _call(dkv_kernel, grid, in_specs, out_specs, out_shape, interpret=interpret,
-                 name="gla_fused_bwd_dkv")(*args)
-    return dq, outs[0], outs[1], (outs[2] if want_dh0 else None)
+    dk, dv, dh0 = _state_call(dkv_kernel, d, seq_in, [q, k, v, b, do],
+                              [_seq_partial_spec(d), _seq_value_spec(d)], [part, _sds(v.shape)], dht,
+                              want_dh0, interpret=interpret, name="gla_fused_bwd_dkv")
+    return dq, dk, dv, dh0

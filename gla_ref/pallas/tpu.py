@@ -13,14 +13,17 @@ Mosaic's (8, 128) rule: a block is one chunk ``[C, K]`` (``C`` a multiple of 16)
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from gla_ref.pallas import _compat
+from gla_ref.pallas import _compat, _launch
 from gla_ref.pallas import chunk_math as cm
+from gla_ref.pallas._launch import store as _store
+from gla_ref.pallas._launch import sub_blocks as _sub_blocks
 
 LANES = 128
 """K and V are padded to a multiple of this (the TPU vector lane count)."""
@@ -92,15 +95,6 @@ def _partial_spec(d: Dims, *, reverse=False):
                         lambda b, h, iv, n: (b, h, iv, d.N - 1 - n if reverse else n, 0))
 
 
-def _sub_blocks(ref, n_sub):
-    return [ref[pl.ds(i * cm.SUB, cm.SUB), :] for i in range(n_sub)]
-
-
-def _store(ref, blocks):
-    for i, x in enumerate(blocks):
-        ref[pl.ds(i * cm.SUB, cm.SUB), :] = x.astype(ref.dtype)
-
-
 def _call(kernel, d: Dims, in_specs, out_specs, out_shape, *, sequential, scratch=(), interpret, name):
     params = _compat.tpu_compiler_params("parallel", "parallel", "parallel",
                                          "arbitrary" if sequential else "parallel")
@@ -111,6 +105,17 @@ def _call(kernel, d: Dims, in_specs, out_specs, out_shape, *, sequential, scratc
 
 def _sds(shape, dtype=jnp.float32):
     return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _state_call(kernel, d: Dims, in_specs, args, out_specs, out_shape, state_in, want_state_out, *,
+                interpret, name):
+    """Run a sequential kernel whose state ``[BV, K]`` lives in VMEM scratch; the initial state
+    ``state_in`` and the final state are optional (see :func:`_launch.with_state`)."""
+    call = functools.partial(_call, kernel, d, sequential=True,
+                             scratch=[_compat.vmem((d.BV, d.K), jnp.float32)], interpret=interpret,
+                             name=name)
+    return _launch.with_state(call, in_specs, args, out_specs, out_shape, state_in, want_state_out,
+                              _state_spec(d), _sds((d.B, d.H, d.V, d.K)))
 
 
 # ---------------------------------------------------------------- non-fused forward
@@ -139,17 +144,9 @@ def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
             def _():
                 ht_ref[...] = S[...]
 
-    in_specs = [_chunk_spec(d, d.K), _value_spec(d), _chunk_spec(d, d.Kg)]
-    args = [k, v, b]
-    if h0 is not None:
-        in_specs.append(_state_spec(d))
-        args.append(h0)
-    out_specs = [_chunk_state_spec(d)] + ([_state_spec(d)] if want_final else [])
-    out_shape = [_sds((d.B, d.H, d.N, d.V, d.K))] + ([_sds((d.B, d.H, d.V, d.K))] if want_final else [])
-    outs = _call(kernel, d, in_specs, out_specs, out_shape, sequential=True,
-                 scratch=[_compat.vmem((d.BV, d.K), jnp.float32)], interpret=interpret,
-                 name="gla_state_fwd")(*args)
-    return outs[0], (outs[1] if want_final else None)
+    return _state_call(kernel, d, [_chunk_spec(d, d.K), _value_spec(d), _chunk_spec(d, d.Kg)],
+                       [k, v, b], [_chunk_state_spec(d)], [_sds((d.B, d.H, d.N, d.V, d.K))], h0,
+                       want_final, interpret=interpret, name="gla_state_fwd")
 
 
 def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
@@ -157,11 +154,7 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
     d = dims_of(q, v, b, chunk)
     n_sub = d.C // cm.SUB
 
-    def kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref):
-        qs, ks, bs = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, b_ref))
-        A = cm.intra_scores(qs, ks, bs, scale)
-        _store(o_ref, cm.chunk_output(qs, _sub_blocks(v_ref, n_sub), bs, h_ref[...], A, scale))
-
+    kernel = _launch.chunk_output_kernel(n_sub, scale)
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d),
                 _chunk_spec(d, d.Kg), _chunk_state_spec(d)]
     return _call(kernel, d, in_specs, _value_spec(d), _sds(v.shape, q.dtype),
@@ -195,18 +188,9 @@ def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
             def _():
                 ht_ref[...] = S[...]
 
-    in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d),
-                _chunk_spec(d, d.Kg)]
-    args = [q, k, v, b]
-    if h0 is not None:
-        in_specs.append(_state_spec(d))
-        args.append(h0)
-    out_specs = [_value_spec(d)] + ([_state_spec(d)] if want_final else [])
-    out_shape = [_sds(v.shape, q.dtype)] + ([_sds((d.B, d.H, d.V, d.K))] if want_final else [])
-    outs = _call(kernel, d, in_specs, out_specs, out_shape, sequential=True,
-                 scratch=[_compat.vmem((d.BV, d.K), jnp.float32)], interpret=interpret,
-                 name="gla_fused_fwd")(*args)
-    return outs[0], (outs[1] if want_final else None)
+    in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d), _chunk_spec(d, d.Kg)]
+    return _state_call(kernel, d, in_specs, [q, k, v, b], [_value_spec(d)], [_sds(v.shape, q.dtype)],
+                       h0, want_final, interpret=interpret, name="gla_fused_fwd")
 
 
 # ---------------------------------------------------------------- non-fused backward
@@ -238,16 +222,9 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
 
     in_specs = [_chunk_spec(d, d.K, reverse=True), _chunk_spec(d, d.Kg, reverse=True),
                 _value_spec(d, reverse=True)]
-    args = [q, b, do]
-    if dht is not None:
-        in_specs.append(_state_spec(d))
-        args.append(dht)
-    out_specs = [_chunk_state_spec(d, reverse=True)] + ([_state_spec(d)] if want_dh0 else [])
-    out_shape = [_sds((d.B, d.H, d.N, d.V, d.K))] + ([_sds((d.B, d.H, d.V, d.K))] if want_dh0 else [])
-    outs = _call(kernel, d, in_specs, out_specs, out_shape, sequential=True,
-                 scratch=[_compat.vmem((d.BV, d.K), jnp.float32)], interpret=interpret,
-                 name="gla_state_bwd")(*args)
-    return outs[0], (outs[1] if want_dh0 else None)
+    return _state_call(kernel, d, in_specs, [q, b, do], [_chunk_state_spec(d, reverse=True)],
+                       [_sds((d.B, d.H, d.N, d.V, d.K))], dht, want_dh0, interpret=interpret,
+                       name="gla_state_bwd")
 
 
 def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
@@ -256,13 +233,7 @@ def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
     d = dims_of(q, v, b, chunk)
     n_sub = d.C // cm.SUB
 
-    def kernel(q_ref, k_ref, v_ref, b_ref, do_ref, h_ref, dso_ref, dq_ref, dk_ref, dv_ref):
-        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
-        _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, h_ref[...], scale))
-        dk, dv = cm.chunk_dkv(qs, ks, vs, bs, dos, dso_ref[...], cm.intra_scores(qs, ks, bs, scale), scale)
-        _store(dk_ref, dk)
-        _store(dv_ref, dv)
-
+    kernel = _launch.chunk_grad_kernel(n_sub, scale)
     vspec = _value_spec(d)
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), vspec, _chunk_spec(d, d.Kg), vspec,
                 _chunk_state_spec(d), _chunk_state_spec(d)]
@@ -281,7 +252,6 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
     n_sub, last = d.C // cm.SUB, d.N - 1
     vspec, vspec_rev = _value_spec(d), _value_spec(d, reverse=True)
     part = _sds((d.B, d.H, d.V // d.BV, d.N * d.C, d.K))
-    scratch = [_compat.vmem((d.BV, d.K), jnp.float32)]
 
     def dq_kernel(*refs):
         q_ref, k_ref, v_ref, b_ref, do_ref = refs[:5]
@@ -297,12 +267,8 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
         S[...] = cm.state_update(ks, vs, bs, S[...])
 
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), vspec, _chunk_spec(d, d.Kg), vspec]
-    args = [q, k, v, b, do]
-    if h0 is not None:
-        in_specs.append(_state_spec(d))
-        args.append(h0)
-    dq = _call(dq_kernel, d, in_specs, _partial_spec(d), part, sequential=True, scratch=scratch,
-               interpret=interpret, name="gla_fused_bwd_dq")(*args)
+    dq, _ = _state_call(dq_kernel, d, in_specs, [q, k, v, b, do], [_partial_spec(d)], [part], h0, False,
+                        interpret=interpret, name="gla_fused_bwd_dq")
 
     def dkv_kernel(*refs):
         q_ref, k_ref, v_ref, b_ref, do_ref = refs[:5]
@@ -327,12 +293,7 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
 
     in_specs = [_chunk_spec(d, d.K, reverse=True), _chunk_spec(d, d.K, reverse=True), vspec_rev,
                 _chunk_spec(d, d.Kg, reverse=True), vspec_rev]
-    args = [q, k, v, b, do]
-    if dht is not None:
-        in_specs.append(_state_spec(d))
-        args.append(dht)
-    out_specs = [_partial_spec(d, reverse=True), vspec_rev] + ([_state_spec(d)] if want_dh0 else [])
-    out_shape = [part, _sds(v.shape)] + ([_sds((d.B, d.H, d.V, d.K))] if want_dh0 else [])
-    outs = _call(dkv_kernel, d, in_specs, out_specs, out_shape, sequential=True, scratch=scratch,
-                 interpret=interpret, name="gla_fused_bwd_dkv")(*args)
-    return dq, outs[0], outs[1], (outs[2] if want_dh0 else None)
+    dk, dv, dh0 = _state_call(dkv_kernel, d, in_specs, [q, k, v, b, do],
+                              [_partial_spec(d, reverse=True), vspec_rev], [part, _sds(v.shape)], dht,
+                              want_dh0, interpret=interpret, name="gla_fused_bwd_dkv")
+    return dq, dk, dv, dh0

@@ -61,3 +61,36 @@ def resolve_scale(scale, K: int) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
     return float(scale)
+
+
+def check_chunk_size(chunk_size, sizes=(16, 32, 64)) -> None:
+    """``chunk_size`` one of ``sizes`` (tl.dot tiles are ≥ 16; a C × C float32 tile must fit on chip)."""
+    if chunk_size not in sizes or isinstance(chunk_size, bool):
+        raise ValueError(f"chunk_size must be one of {sizes}, got {chunk_size!r}")
+
+
+def stateful_function(name, forward, backward, doc):
+    """An autograd.Function for the kernels that keep the state on chip: it saves only the inputs and
+    the final state, and forwards one non-tensor option (chunk size, direction) to both passes.
+
+    ``forward(q, k, v, g, h0, scale, output_final_state, option) -> (o, ht)``;
+    ``backward(q, k, v, g, h0, ht, do, dht, scale, option) -> (dq, dk, dv, dg, dh0)``.
+    """
+    def fwd(ctx, q, k, v, g, initial_state, scale, output_final_state, option):
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        g = None if g is None else g.contiguous()
+        h0 = None if initial_state is None else initial_state.contiguous()
+        o, ht = forward(q, k, v, g, h0, scale, output_final_state, option)
+        ctx.save_for_backward(q, k, v, g, h0, ht)
+        ctx.scale, ctx.option = scale, option
+        return o, ht
+
+    def bwd(ctx, do, dht):
+        q, k, v, g, h0, ht = ctx.saved_tensors
+        dht = None if dht is None else dht.contiguous()
+        grads = backward(q, k, v, g, h0, ht, do.contiguous(), dht, ctx.scale, ctx.option)
+        return (*grads, None, None, None)
+
+    return type(name, (torch.autograd.Function,),
+                {"__doc__": doc, "__module__": forward.__module__,
+                 "forward": staticmethod(fwd), "backward": staticmethod(bwd)})

@@ -16,35 +16,15 @@ Everything but the two state recurrences is parallel over chunks.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.autograd.function import once_differentiable
 
-from gla_ref.triton._common import prepare
+from gla_ref.triton._common import check_chunk_size, prepare, resolve_scale
 from gla_ref.triton.chunk_backward import chunk_bwd_dqkg, chunk_bwd_dv
 from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
 from gla_ref.triton.chunk_intra import chunk_intra_attention
 from gla_ref.triton.chunk_output import chunk_output
 from gla_ref.triton.chunk_state import chunk_state_bwd, chunk_state_fwd
-
-CHUNK_SIZES = (16, 32, 64)
-"""Chunk sizes C the kernels take: tiles of tl.dot are ≥ 16; a C × C float32 tile of A must fit on chip."""
-
-
-def check_chunk_size(chunk_size) -> None:
-    if chunk_size not in CHUNK_SIZES or isinstance(chunk_size, bool):
-        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
-
-
-def resolve_scale(scale, K: int) -> float:
-    """``scale`` as a float (default K**-0.5); rejects non-numbers and non-finite values."""
-    if scale is None:
-        return K ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
-    return float(scale)
-
 
 class ChunkGLAFunction(torch.autograd.Function):
     @staticmethod

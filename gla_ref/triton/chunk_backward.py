@@ -31,6 +31,16 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune_configs, block
+from gla_ref.triton._tiles import (
+    block_range,
+    chunk_tokens,
+    inter_chunk_dqk,
+    load_causal_A,
+    load_rows,
+    reverse_cumsum,
+    store_rows,
+    token_bases,
+)
 from gla_ref.triton.chunk_intra import SUB_CHUNK
 from gla_ref.triton.chunk_state import _precision, prune_blocks
 
@@ -56,32 +66,24 @@ def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, T, T_BUCKET, H: tl.constexpr,
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, C)
-    o_t = tl.arange(0, C)
-    t = i_n * C + o_t
-    m_t = t < T
+    o_t, t, m_t = chunk_tokens(i_n, T, C)
     t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
-    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    o_v, m_v = block_range(i_v, BV, V)
+    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
     p_dh = dh + (i_bh.to(tl.int64) * NT + i_n) * K * V
 
-    p_A = A + (i_b.to(tl.int64) * T * H + i_h) * C + t[:, None] * (H * C) + o_t[None, :]
-    b_A = tl.load(p_A, mask=m_t[:, None], other=0.0)
-    b_A = tl.where(o_t[:, None] >= o_t[None, :], b_A, 0.0)
-    b_do = tl.load(do + base_v + t[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+    b_A = load_causal_A(A, i_b, i_h, t, m_t, o_t, T, H, C)
+    b_do = load_rows(do + base_v, t, m_t, o_v, m_v, H * V)
     b_dv = tl.dot(tl.trans(b_A.to(b_do.dtype)), b_do, input_precision=PREC)
     for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_k = tl.load(k + base_k + t[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        o_k, m_k = block_range(i_k, BK, K)
+        b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K)
         b_g = tl.load(gc + base_k + t_c[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
         g_last = tl.load(gc + base_k + t_last * (H * K) + o_k, mask=m_k, other=0.0)
         b_kt = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_k.dtype)
-        b_dh = tl.load(p_dh + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_dh = load_rows(p_dh, o_k, m_k, o_v, m_v, V)
         b_dv += tl.dot(b_kt, b_dh.to(b_k.dtype), input_precision=PREC)
-    tl.store(dv + base_v + t[:, None] * (H * V) + o_v[None, :], b_dv.to(dv.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
+    store_rows(dv + base_v, b_dv, t, m_t, o_v, m_v, H * V)
 
 
 @triton.autotune(configs=_dqkg_configs(), key=["K", "V", "T_BUCKET", "C"],
@@ -93,16 +95,12 @@ def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKET
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, C)
-    o_t = tl.arange(0, C)
-    t = i_n * C + o_t
-    m_t = t < T
+    o_t, t, m_t = chunk_tokens(i_n, T, C)
     t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
     sub = o_t // c
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
+    o_k, m_k = block_range(i_k, BK, K)
     m_tk = m_t[:, None] & m_k[None, :]
-    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
-    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
     p_tk = base_k + t[:, None] * (H * K) + o_k[None, :]
     p_state = (i_bh.to(tl.int64) * NT + i_n) * K * V
 
@@ -112,23 +110,8 @@ def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKET
     g_last = tl.load(gc + base_k + t_last * (H * K) + o_k, mask=m_k, other=0.0)
 
     # the V loop: dA = dO Vᵀ, and the inter-chunk products with S_n and dS_{n+1}
-    b_dA = tl.zeros([C, C], dtype=tl.float32)
-    b_dq = tl.zeros([C, BK], dtype=tl.float32)
-    b_dk = tl.zeros([C, BK], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        p_tv = base_v + t[:, None] * (H * V) + o_v[None, :]
-        b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0.0)
-        b_do = tl.load(do + p_tv, mask=m_t[:, None] & m_v[None, :], other=0.0)
-        p_kv = p_state + o_k[:, None] * V + o_v[None, :]
-        b_h = tl.load(h + p_kv, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_dh = tl.load(dh + p_kv, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
-        b_dq += tl.dot(b_do, tl.trans(b_h.to(b_do.dtype)), input_precision=PREC)
-        b_dk += tl.dot(b_v, tl.trans(b_dh.to(b_v.dtype)), input_precision=PREC)
-        b_hdh += tl.sum(b_h * b_dh, axis=1)
+    b_dA, b_dq, b_dk, b_hdh = inter_chunk_dqk(v, do, h, dh, base_v, p_state, t, m_t, o_k, m_k,
+                                              H, V, C, BK, BV, PREC)
     b_dq *= tl.exp(b_g) * scale
     b_dk *= tl.exp(g_last[None, :] - b_g)
     b_dgamma = b_hdh * tl.exp(g_last) + tl.sum(b_k * b_dk, axis=0)
@@ -172,7 +155,7 @@ def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKET
 
     # gate gradient: reverse cumulative sum of dΓ inside the chunk, plus the chunk-decay term
     b_dG = b_q * b_dq - b_k * b_dk
-    b_dg = tl.sum(b_dG, axis=0)[None, :] - tl.cumsum(b_dG, axis=0) + b_dG + b_dgamma[None, :]
+    b_dg = reverse_cumsum(b_dG) + b_dgamma[None, :]
     tl.store(dq + p_tk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + p_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(dg + p_tk, b_dg.to(dg.dtype.element_ty), mask=m_tk)

@@ -17,6 +17,14 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune_configs, block
+from gla_ref.triton._tiles import (
+    block_range,
+    chunk_tokens,
+    load_causal_A,
+    load_rows,
+    store_rows,
+    token_bases,
+)
 from gla_ref.triton.chunk_state import _precision, prune_blocks
 
 
@@ -34,33 +42,25 @@ def chunk_output_kernel(q, v, gc, h, A, o, scale, T, T_BUCKET, H: tl.constexpr,
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, C)
-    o_t = tl.arange(0, C)
-    t = i_n * C + o_t
-    m_t = t < T
+    o_t, t, m_t = chunk_tokens(i_n, T, C)
     t_c = tl.minimum(t, T - 1)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
-    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    o_v, m_v = block_range(i_v, BV, V)
+    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
     p_h = h + (i_bh.to(tl.int64) * NT + i_n) * K * V
 
     b_o = tl.zeros([C, BV], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_q = tl.load(q + base_k + t[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        o_k, m_k = block_range(i_k, BK, K)
+        b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K)
         b_g = tl.load(gc + base_k + t_c[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
-        b_h = tl.load(p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_h = load_rows(p_h, o_k, m_k, o_v, m_v, V)
         b_qt = (b_q * tl.exp(b_g)).to(b_q.dtype)
         b_o += tl.dot(b_qt, b_h.to(b_q.dtype), input_precision=PREC)
 
-    p_A = A + (i_b.to(tl.int64) * T * H + i_h) * C + t[:, None] * (H * C) + o_t[None, :]
-    b_A = tl.load(p_A, mask=m_t[:, None], other=0.0)
-    b_A = tl.where(o_t[:, None] >= o_t[None, :], b_A, 0.0)
-    b_v = tl.load(v + base_v + t[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+    b_A = load_causal_A(A, i_b, i_h, t, m_t, o_t, T, H, C)
+    b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
     b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)
-    tl.store(o + base_v + t[:, None] * (H * V) + o_v[None, :], b_o.to(o.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
+    store_rows(o + base_v, b_o, t, m_t, o_v, m_v, H * V)
 
 
 def chunk_output(q, v, gc, h, A, scale: float, chunk_size: int) -> torch.Tensor:

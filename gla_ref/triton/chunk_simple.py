@@ -27,8 +27,23 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from gla_ref import device
-from gla_ref.triton._common import autotune_configs, block, check_values, prepare
-from gla_ref.triton.chunk import check_chunk_size, resolve_scale
+from gla_ref.triton._common import (
+    autotune_configs,
+    block,
+    check_chunk_size,
+    check_values,
+    prepare,
+    resolve_scale,
+)
+from gla_ref.triton._tiles import (
+    block_range,
+    chunk_tokens,
+    inter_chunk_dqk,
+    load_rows,
+    reverse_cumsum,
+    store_rows,
+    token_bases,
+)
 from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
 from gla_ref.triton.chunk_state import (
     _precision,
@@ -69,32 +84,26 @@ def simple_output_kernel(q, k, v, gc, h, o, scale, T, T_BUCKET, H: tl.constexpr,
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, C)
-    o_t = tl.arange(0, C)
-    t = i_n * C + o_t
-    m_t = t < T
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
-    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    o_t, t, m_t = chunk_tokens(i_n, T, C)
+    o_v, m_v = block_range(i_v, BV, V)
+    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
     p_h = h + (i_bh.to(tl.int64) * NT + i_n) * K * V
 
     b_o = tl.zeros([C, BV], dtype=tl.float32)
     b_A = tl.zeros([C, C], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
+        o_k, m_k = block_range(i_k, BK, K)
         p_tk = base_k + t[:, None] * (H * K) + o_k[None, :]
         b_q = tl.load(q + p_tk, mask=m_t[:, None] & m_k[None, :], other=0.0)
         b_k = tl.load(k + p_tk, mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_h = tl.load(p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_h = load_rows(p_h, o_k, m_k, o_v, m_v, V)
         b_o += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PREC)
         b_A += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
     b_g = tl.load(gc + i_b.to(tl.int64) * T * H + i_h + tl.minimum(t, T - 1) * H)
     b_A *= _decay_mask(b_g, o_t, False)
-    b_v = tl.load(v + base_v + t[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+    b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
     b_o = (b_o * tl.exp(b_g)[:, None] + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)) * scale
-    tl.store(o + base_v + t[:, None] * (H * V) + o_v[None, :], b_o.to(o.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
+    store_rows(o + base_v, b_o, t, m_t, o_v, m_v, H * V)
 
 
 @triton.autotune(configs=_configs("BV"), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BV="V"))
@@ -105,34 +114,28 @@ def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, scale, T, T_BUCKET, H: tl.constex
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, C)
-    o_t = tl.arange(0, C)
-    t = i_n * C + o_t
-    m_t = t < T
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
-    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    o_t, t, m_t = chunk_tokens(i_n, T, C)
+    o_v, m_v = block_range(i_v, BV, V)
+    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
     p_dh = dh + (i_bh.to(tl.int64) * NT + i_n) * K * V
 
     b_At = tl.zeros([C, C], dtype=tl.float32)      # Aᵀ before the decay mask: k_s · q_r
     b_dv = tl.zeros([C, BV], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
+        o_k, m_k = block_range(i_k, BK, K)
         p_tk = base_k + t[:, None] * (H * K) + o_k[None, :]
         b_q = tl.load(q + p_tk, mask=m_t[:, None] & m_k[None, :], other=0.0)
         b_k = tl.load(k + p_tk, mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_dh = tl.load(p_dh + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_dh = load_rows(p_dh, o_k, m_k, o_v, m_v, V)
         b_At += tl.dot(b_k, tl.trans(b_q), input_precision=PREC)
         b_dv += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=PREC)
     g_base = gc + i_b.to(tl.int64) * T * H + i_h
     b_g = tl.load(g_base + tl.minimum(t, T - 1) * H)
     g_last = tl.load(g_base + (tl.minimum(i_n * C + C, T) - 1) * H)
     b_At *= _decay_mask(b_g, o_t, True) * scale
-    b_do = tl.load(do + base_v + t[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+    b_do = load_rows(do + base_v, t, m_t, o_v, m_v, H * V)
     b_dv = b_dv * tl.exp(g_last - b_g)[:, None] + tl.dot(b_At.to(b_do.dtype), b_do, input_precision=PREC)
-    tl.store(dv + base_v + t[:, None] * (H * V) + o_v[None, :], b_dv.to(dv.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
+    store_rows(dv + base_v, b_dv, t, m_t, o_v, m_v, H * V)
 
 
 @triton.autotune(configs=_dqkg_configs(), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BK="K"))
@@ -144,14 +147,10 @@ def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKE
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, C)
-    o_t = tl.arange(0, C)
-    t = i_n * C + o_t
-    m_t = t < T
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
+    o_t, t, m_t = chunk_tokens(i_n, T, C)
+    o_k, m_k = block_range(i_k, BK, K)
     m_tk = m_t[:, None] & m_k[None, :]
-    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
-    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
     p_tk = base_k + t[:, None] * (H * K) + o_k[None, :]
     p_state = (i_bh.to(tl.int64) * NT + i_n) * K * V
 
@@ -161,23 +160,8 @@ def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKE
     b_g = tl.load(g_base + tl.minimum(t, T - 1) * H)
     g_last = tl.load(g_base + (tl.minimum(i_n * C + C, T) - 1) * H)
 
-    b_dA = tl.zeros([C, C], dtype=tl.float32)
-    b_dq = tl.zeros([C, BK], dtype=tl.float32)
-    b_dk = tl.zeros([C, BK], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        p_tv = base_v + t[:, None] * (H * V) + o_v[None, :]
-        b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0.0)
-        b_do = tl.load(do + p_tv, mask=m_t[:, None] & m_v[None, :], other=0.0)
-        p_kv = p_state + o_k[:, None] * V + o_v[None, :]
-        b_h = tl.load(h + p_kv, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_dh = tl.load(dh + p_kv, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
-        b_dq += tl.dot(b_do, tl.trans(b_h.to(b_do.dtype)), input_precision=PREC)
-        b_dk += tl.dot(b_v, tl.trans(b_dh.to(b_v.dtype)), input_precision=PREC)
-        b_hdh += tl.sum(b_h * b_dh, axis=1)
+    b_dA, b_dq, b_dk, b_hdh = inter_chunk_dqk(v, do, h, dh, base_v, p_state, t, m_t, o_k, m_k,
+                                              H, V, C, BK, BV, PREC)
     b_dq *= (tl.exp(b_g) * scale)[:, None]
     b_dk *= tl.exp(g_last - b_g)[:, None]
     # γ, the chunk's total decay, collects the state terms (see chunk_backward); its dk term is dk_inter
@@ -189,7 +173,7 @@ def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKE
     tl.store(dk + p_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     if STORE_DG:
         b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)   # dΓ_r = Σ_d (q dq − k dk)
-        b_dg = tl.sum(b_dG, axis=0) - tl.cumsum(b_dG, axis=0) + b_dG + b_dgamma
+        b_dg = reverse_cumsum(b_dG) + b_dgamma
         tl.store(dg + ((i_k * B + i_b).to(tl.int64) * T + t) * H + i_h, b_dg, mask=m_t)
 
 

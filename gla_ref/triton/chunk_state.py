@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune_configs
+from gla_ref.triton._tiles import load_rows, token_bases
 
 
 def _configs():
@@ -59,6 +60,26 @@ def _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, HK: tl.constexpr, H: tl.cons
     return b_g, g_last
 
 
+@triton.jit
+def _state_block(i_k, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Key/value indices of this program's ``BK × BV`` state block, their masks, and offsets in a K × V state."""
+    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    return o_k, o_v, m_k, m_v, m_kv, o_kv
+
+
+@triton.jit
+def _token_bases(i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GATE_K: tl.constexpr):
+    """Offsets of token 0 of (i_b, i_h) in ``[B, T, H, K]``, ``[B, T, H, V]`` and Γ (per key or scalar)."""
+    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
+    base_g = base_k
+    if not GATE_K:
+        base_g = i_b.to(tl.int64) * T * H + i_h
+    return base_k, base_v, base_g
+
+
 @triton.autotune(configs=_configs(), key=["K", "V", "T_BUCKET", "GATE_K"],
                  prune_configs_by=prune_blocks(BK="K", BV="V"))
 @triton.jit
@@ -69,15 +90,8 @@ def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, T, T_BUCKET, H: tl.constexpr,
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, C)
-    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    o_kv = o_k[:, None] * V + o_v[None, :]
-    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
-    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
-    base_g = base_k
-    if not GATE_K:
-        base_g = i_b.to(tl.int64) * T * H + i_h
+    o_k, o_v, m_k, m_v, m_kv, o_kv = _state_block(i_k, i_v, K, V, BK, BV)
+    base_k, base_v, base_g = _token_bases(i_b, i_h, T, H, K, V, GATE_K)
     p_h = h + i_bh.to(tl.int64) * NT * K * V + o_kv
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
@@ -88,8 +102,8 @@ def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, T, T_BUCKET, H: tl.constexpr,
         t = i_n * C + tl.arange(0, C)
         m_t = t < T
         t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
-        b_k = tl.load(k + base_k + t[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_v = tl.load(v + base_v + t[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K)
+        b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
         b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
         if GATE_K:
             b_h *= tl.exp(g_last)[:, None]
@@ -112,15 +126,8 @@ def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, scale, T, T_BUCKET,
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, C)
-    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    o_kv = o_k[:, None] * V + o_v[None, :]
-    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
-    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
-    base_g = base_k
-    if not GATE_K:
-        base_g = i_b.to(tl.int64) * T * H + i_h
+    o_k, o_v, m_k, m_v, m_kv, o_kv = _state_block(i_k, i_v, K, V, BK, BV)
+    base_k, base_v, base_g = _token_bases(i_b, i_h, T, H, K, V, GATE_K)
     p_dh = dh + i_bh.to(tl.int64) * NT * K * V + o_kv
 
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
@@ -132,8 +139,8 @@ def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, scale, T, T_BUCKET,
         t = i_n * C + tl.arange(0, C)
         m_t = t < T
         t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
-        b_q = tl.load(q + base_k + t[:, None] * (H * K) + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_do = tl.load(do + base_v + t[:, None] * (H * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K)
+        b_do = load_rows(do + base_v, t, m_t, o_v, m_v, H * V)
         b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
         if GATE_K:
             b_dh *= tl.exp(g_last)[:, None]

@@ -8,34 +8,16 @@ the chunks inside each program (parallel only over batch, heads and state blocks
 
 from __future__ import annotations
 
-import torch
-
-from gla_ref.triton._common import prepare, resolve_scale
+from gla_ref.triton._common import check_chunk_size, prepare, resolve_scale, stateful_function
 from gla_ref.triton.fused_chunk_bwd import fused_chunk_backward
 from gla_ref.triton.fused_chunk_fwd import CHUNK_SIZES, fused_chunk_forward
 
 __all__ = ["fused_chunk_gla"]
 
 
-class FusedChunkGLA(torch.autograd.Function):
-    """Saves only the inputs (and the final state when it is returned, for the gate gradient)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, initial_state, scale, output_final_state, chunk_size):
-        q, k, v = (x.contiguous() for x in (q, k, v))
-        g = None if g is None else g.contiguous()
-        h0 = None if initial_state is None else initial_state.contiguous()
-        o, ht = fused_chunk_forward(q, k, v, g, h0, scale, output_final_state, chunk_size)
-        ctx.save_for_backward(q, k, v, g, h0, ht)
-        ctx.scale, ctx.chunk_size = scale, chunk_size
-        return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, h0, ht = ctx.saved_tensors
-        dht = None if dht is None else dht.contiguous()
-        grads = fused_chunk_backward(q, k, v, g, h0, ht, do.contiguous(), dht, ctx.scale, ctx.chunk_size)
-        return (*grads, None, None, None)
+FusedChunkGLA = stateful_function(
+    "FusedChunkGLA", fused_chunk_forward, fused_chunk_backward,
+    "Saves only the inputs (and the final state when it is returned, for the gate gradient).")
 
 
 def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
@@ -55,6 +37,5 @@ def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_f
     """
     dims = prepare(q, k, v, g, initial_state, gate_ranks=(None, 4))
     scale = resolve_scale(scale, dims.K)
-    if chunk_size not in CHUNK_SIZES or isinstance(chunk_size, bool):
-        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    check_chunk_size(chunk_size, CHUNK_SIZES)
     return FusedChunkGLA.apply(q, k, v, g, initial_state, scale, bool(output_final_state), chunk_size)

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs, block, prepare, resolve_scale
+from gla_ref.triton._common import autotune_configs, block, prepare, resolve_scale, stateful_function
 
 __all__ = ["fused_recurrent_gla"]
 
@@ -44,6 +44,17 @@ def _blocks(K, V):
     return BK, min(block(V), max(16, STATE_BUDGET // BK))
 
 
+@triton.jit
+def _state_block(i_v, i_bh, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Key/value indices of this program's state block (all K, values from i_v·BV), masks, offsets in S."""
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_s = m_k[:, None] & m_v[None, :]
+    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    return o_k, o_v, m_k, m_v, m_s, p_s
+
+
 @triton.autotune(configs=_configs(), key=["BK", "BV", "T_BUCKET"])
 @triton.jit
 def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
@@ -51,11 +62,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
                 USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, REVERSE: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_s = m_k[:, None] & m_v[None, :]
-    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    o_k, o_v, m_k, m_v, m_s, p_s = _state_block(i_v, i_bh, K, V, BK, BV)
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         S += tl.load(h0 + p_s, mask=m_s, other=0.0)
@@ -118,11 +125,7 @@ def _bwd_dkv_kernel(q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, scale, B, T, T
     """Reverse sweep: carry dS_t back from dS_T, write dk, dv, dg (this block's part) and dh0."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_s = m_k[:, None] & m_v[None, :]
-    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    o_k, o_v, m_k, m_v, m_s, p_s = _state_block(i_v, i_bh, K, V, BK, BV)
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     dg_acc = tl.zeros([BK], dtype=tl.float32)  # Σ_{s ≥ t} (q ⊙ dq − k ⊙ dk) + Σ_v S_T ⊙ dS_T
     if USE_DHT:
@@ -189,25 +192,9 @@ def _backward(q, k, v, g, h0, ht, do, dht, scale, reverse):
     return dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dv, dg, dh0
 
 
-class FusedRecurrentGLA(torch.autograd.Function):
-    """Autograd wrapper: the forward keeps only its inputs (and the final state when returned)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, initial_state, scale, output_final_state, reverse):
-        q, k, v = (x.contiguous() for x in (q, k, v))
-        g = None if g is None else g.contiguous()
-        h0 = None if initial_state is None else initial_state.contiguous()
-        o, ht = _forward(q, k, v, g, h0, scale, output_final_state, reverse)
-        ctx.save_for_backward(q, k, v, g, h0, ht)
-        ctx.scale, ctx.reverse = scale, reverse
-        return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, h0, ht = ctx.saved_tensors
-        dht = None if dht is None else dht.contiguous()
-        grads = _backward(q, k, v, g, h0, ht, do.contiguous(), dht, ctx.scale, ctx.reverse)
-        return (*grads, None, None, None)
+FusedRecurrentGLA = stateful_function(
+    "FusedRecurrentGLA", _forward, _backward,
+    "Autograd wrapper: the forward keeps only its inputs (and the final state when returned).")
 
 
 def fused_recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,

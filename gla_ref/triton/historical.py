@@ -106,6 +106,18 @@ def _check_b(b) -> None:
             raise ValueError(f"b holds cumulative log-gates and must be <= 0; got max {b.max().item():.3g}")
 
 
+def _check_qkb(q, k, b, scale):
+    """Checks of the stages that take (q, k, b): shapes, dtypes, device, no autograd, b in debug mode;
+    returns q's shape and the resolved scale."""
+    shape = _lead("q", q)
+    _like("k", k, shape, (q.dtype,), q)
+    _like("b", b, shape, (torch.float32,), q)
+    scale = resolve_scale(scale, shape[-1])
+    _forward_only(q=q, k=k, b=b)
+    _check_b(b)
+    return shape, scale
+
+
 # ----------------------------------------------------------------------------- the five steps
 
 def historical_decay_cumsum(g: torch.Tensor) -> torch.Tensor:
@@ -139,12 +151,7 @@ def historical_prepare_qg_kg(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, 
     Returns:
         ``(q_g, k_g)``, both ``[B, T, H, K]`` in q's dtype.
     """
-    shape = _lead("q", q)
-    _like("k", k, shape, (q.dtype,), q)
-    _like("b", b, shape, (torch.float32,), q)
-    scale = resolve_scale(scale, shape[-1])
-    _forward_only(q=q, k=k, b=b)
-    _check_b(b)
+    shape, scale = _check_qkb(q, k, b, scale)
     return launch_prepare_qg_kg(q.contiguous(), k.contiguous(), b.contiguous(), scale, CHUNK,
                                 _blocks(shape[-1], 1)[0])
 
@@ -194,12 +201,7 @@ def historical_intra_chunk(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, *,
         A ``[NK, B, H, N, 16, 16]`` float32 with ``N = ⌈T/16⌉``: one partial per key block of 64
         (step 5 sums them); rows and columns past T are zero.
     """
-    shape = _lead("q", q)
-    _like("k", k, shape, (q.dtype,), q)
-    _like("b", b, shape, (torch.float32,), q)
-    scale = resolve_scale(scale, shape[-1])
-    _forward_only(q=q, k=k, b=b)
-    _check_b(b)
+    shape, scale = _check_qkb(q, k, b, scale)
     return launch_inner_chunk(q.contiguous(), k.contiguous(), b.contiguous(), scale, CHUNK,
                               _blocks(shape[-1], 1)[0])
 

@@ -1,0 +1,58 @@
+"""Launcher plumbing shared by the TPU and GPU launchers: sub-chunk loads and stores, the
+per-chunk kernel bodies (identical on both backends) and calls of kernels that carry a state."""
+
+from __future__ import annotations
+
+from jax.experimental import pallas as pl
+
+from gla_ref.pallas import chunk_math as cm
+
+
+def sub_blocks(ref, n_sub, start=0):
+    """The ``n_sub`` sub-chunks ``[SUB, D]`` of the chunk starting at row ``start`` of ``ref``."""
+    return [ref[pl.ds(start + i * cm.SUB, cm.SUB), :] for i in range(n_sub)]
+
+
+def store(ref, blocks, start=0):
+    """Write sub-chunks back from row ``start`` of ``ref``, in its dtype."""
+    for i, x in enumerate(blocks):
+        ref[pl.ds(start + i * cm.SUB, cm.SUB), :] = x.astype(ref.dtype)
+
+
+def chunk_output_kernel(n_sub, scale):
+    """Body of the non-fused output kernel: one chunk's output from the state ``h`` entering it."""
+    def kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref):
+        qs, ks, bs = (sub_blocks(r, n_sub) for r in (q_ref, k_ref, b_ref))
+        A = cm.intra_scores(qs, ks, bs, scale)
+        store(o_ref, cm.chunk_output(qs, sub_blocks(v_ref, n_sub), bs, h_ref[...], A, scale))
+
+    return kernel
+
+
+def chunk_grad_kernel(n_sub, scale):
+    """Body of the non-fused gradient kernel: one chunk's ``dq, dk, dv`` from the state entering
+    it (``h``) and the gradient of the state leaving it (``dso``)."""
+    def kernel(q_ref, k_ref, v_ref, b_ref, do_ref, h_ref, dso_ref, dq_ref, dk_ref, dv_ref):
+        qs, ks, vs, bs, dos = (sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+        store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, h_ref[...], scale))
+        dk, dv = cm.chunk_dkv(qs, ks, vs, bs, dos, dso_ref[...], cm.intra_scores(qs, ks, bs, scale), scale)
+        store(dk_ref, dk)
+        store(dv_ref, dv)
+
+    return kernel
+
+
+def with_state(call, in_specs, args, out_specs, out_shape, state_in, want_state_out, state_spec,
+               state_shape):
+    """Run ``call(in_specs, out_specs, out_shape)(*args)`` for a kernel carrying a state.
+
+    The initial state ``state_in`` (if not None) becomes the last input; if ``want_state_out``,
+    the final state becomes the last output. Returns the outputs of ``out_specs`` followed by
+    the final state (or None).
+    """
+    if state_in is not None:
+        in_specs, args = [*in_specs, state_spec], [*args, state_in]
+    extra_spec, extra_shape = ([state_spec], [state_shape]) if want_state_out else ([], [])
+    outs = call(in_specs, [*out_specs, *extra_spec], [*out_shape, *extra_shape])(*args)
+    n = len(out_specs)
+    return (*outs[:n], outs[n] if want_state_out else None)
