@@ -94,3 +94,9 @@ def stateful_function(name, forward, backward, doc):
     return type(name, (torch.autograd.Function,),
                 {"__doc__": doc, "__module__": forward.__module__,
                  "forward": staticmethod(fwd), "backward": staticmethod(bwd)})
+
+
+def block_configs(name: str) -> list:
+    """Autotune configs over one block size ``name`` (e.g. ``"BV"``), warps and pipeline stages."""
+    return autotune_configs([triton.Config({name: b}, num_warps=w, num_stages=s)
+                             for b, w, s in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 8, 2), (64, 8, 2))])

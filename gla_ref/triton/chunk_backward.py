@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs, block
+from gla_ref.triton._common import autotune_configs, block, block_configs
 from gla_ref.triton._tiles import (
     block_range,
     chunk_tokens,
@@ -45,11 +45,6 @@ from gla_ref.triton.chunk_intra import SUB_CHUNK
 from gla_ref.triton.chunk_state import _precision, prune_blocks
 
 
-def _dv_configs():
-    return autotune_configs([triton.Config({"BV": bv}, num_warps=w, num_stages=s)
-                             for bv, w, s in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 8, 2), (64, 8, 2))])
-
-
 def _dqkg_configs():
     # BK ≥ 64: with BK = 32 and 4 warps, Triton 3.6–3.7 on Hopper reads shared memory out of bounds
     # in kernels of this shape (several dots on one dO/V tile; triton-lang/triton#11366)
@@ -57,7 +52,7 @@ def _dqkg_configs():
                              for w, s in ((4, 2), (8, 2), (4, 3), (8, 1))])
 
 
-@triton.autotune(configs=_dv_configs(), key=["K", "V", "T_BUCKET", "C"],
+@triton.autotune(configs=block_configs("BV"), key=["K", "V", "T_BUCKET", "C"],
                  prune_configs_by=prune_blocks(BV="V"))
 @triton.jit
 def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, T, T_BUCKET, H: tl.constexpr,

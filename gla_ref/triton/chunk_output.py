@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs, block
+from gla_ref.triton._common import block, block_configs
 from gla_ref.triton._tiles import (
     block_range,
     chunk_tokens,
@@ -28,12 +28,7 @@ from gla_ref.triton._tiles import (
 from gla_ref.triton.chunk_state import _precision, prune_blocks
 
 
-def _configs():
-    return autotune_configs([triton.Config({"BV": bv}, num_warps=w, num_stages=s)
-                             for bv, w, s in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 8, 2), (64, 8, 2))])
-
-
-@triton.autotune(configs=_configs(), key=["K", "V", "T_BUCKET", "C"],
+@triton.autotune(configs=block_configs("BV"), key=["K", "V", "T_BUCKET", "C"],
                  prune_configs_by=prune_blocks(BV="V"))
 @triton.jit
 def chunk_output_kernel(q, v, gc, h, A, o, scale, T, T_BUCKET, H: tl.constexpr,

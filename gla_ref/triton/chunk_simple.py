@@ -30,6 +30,7 @@ from gla_ref import device
 from gla_ref.triton._common import (
     autotune_configs,
     block,
+    block_configs,
     check_chunk_size,
     check_values,
     prepare,
@@ -53,11 +54,6 @@ from gla_ref.triton.chunk_state import (
 )
 
 
-def _configs(name):
-    return autotune_configs([triton.Config({name: b}, num_warps=w, num_stages=s)
-                             for b, w, s in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 8, 2), (64, 8, 2))])
-
-
 def _dqkg_configs():
     # BK ≥ 64: see chunk_backward._dqkg_configs (triton-lang/triton#11366)
     return autotune_configs([triton.Config({"BK": bk}, num_warps=w, num_stages=s)
@@ -76,7 +72,7 @@ def _decay_mask(b_g, o_t, TRANSPOSED: tl.constexpr):
     return tl.where(causal, tl.exp(tl.where(causal, diff, 0.0)), 0.0)
 
 
-@triton.autotune(configs=_configs("BV"), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BV="V"))
+@triton.autotune(configs=block_configs("BV"), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BV="V"))
 @triton.jit
 def simple_output_kernel(q, k, v, gc, h, o, scale, T, T_BUCKET, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
@@ -106,7 +102,7 @@ def simple_output_kernel(q, k, v, gc, h, o, scale, T, T_BUCKET, H: tl.constexpr,
     store_rows(o + base_v, b_o, t, m_t, o_v, m_v, H * V)
 
 
-@triton.autotune(configs=_configs("BV"), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BV="V"))
+@triton.autotune(configs=block_configs("BV"), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BV="V"))
 @triton.jit
 def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, scale, T, T_BUCKET, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
