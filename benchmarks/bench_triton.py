@@ -1,8 +1,8 @@
 """Speed and memory of the Triton GLA kernels against FLA, SDPA and the pure-PyTorch chunk form.
 
-Run on a CUDA GPU: ``python benchmarks/bench_triton.py [--T 1024 2048 ...] [--quick]``.
-Writes ``benchmarks/results/triton_bench_<device>.json`` (stamped with device, versions, date) and
-prints a table. FLA (``fla-core``) and SDPA's flash backend are optional: a missing one is recorded.
+Run on a CUDA GPU: ``python benchmarks/bench_triton.py [--T 1024 2048 ...] [--only NAME ...] [--out PATH]``.
+Writes ``benchmarks/results/triton_bench_<device>.json`` (stamped with device, versions, date; ``--out``
+writes elsewhere, e.g. for a partial run) and prints a table. FLA (``fla-core``) and SDPA's flash backend are optional: a missing one is recorded.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def main():
     parser.add_argument("--B", type=int, default=8)
     parser.add_argument("--H", type=int, default=16)
     parser.add_argument("--D", type=int, default=128)
+    parser.add_argument("--only", nargs="+", help="candidate names to run (default: all)")
+    parser.add_argument("--out", type=pathlib.Path, help="JSON path (default: results/triton_bench_<device>.json)")
     args = parser.parse_args()
     B, H, K = args.B, args.H, args.D
     V = K
@@ -93,6 +95,8 @@ def main():
     rows = []
     for T in args.T:
         for name, (gate, fn) in candidates().items():
+            if args.only and name not in args.only:
+                continue
             inputs = make_inputs(B, T, H, K, V, gate)
             try:
                 res = measure(fn, inputs)
@@ -111,7 +115,7 @@ def main():
               "copy_bandwidth_GBps": copy_gbs, "rows": rows, "ratios": ratios}
     slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"triton_bench_{slug}.json"
+    path = args.out or RESULTS / f"triton_bench_{slug}.json"
     path.write_text(json.dumps(result, indent=1))
     print_table(result)
     print("wrote", path)

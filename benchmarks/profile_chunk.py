@@ -1,0 +1,84 @@
+"""Where the time of chunk GLA goes: CUDA time per kernel of our ``chunk_gla`` and FLA's, forward+backward.
+
+Run on a CUDA GPU: ``python benchmarks/profile_chunk.py [--T 4096] [--out PATH]``. Each implementation runs a
+few warm-up steps (autotuning happens there), then ``torch.profiler`` records ``--steps`` forward+backward
+steps; the CUDA time of every kernel is summed over them and divided by the step count. Writes
+``benchmarks/results/chunk_profile_<device>.json`` (stamped with device, versions, date) and prints a table.
+B=8, H=16, K=V=128, bf16 inputs, as in the speed benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bench_triton import make_inputs  # noqa: E402
+
+from gla_ref import bench  # noqa: E402
+from gla_ref.triton import chunk_gla  # noqa: E402
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def implementations():
+    """name -> function(q, k, v, g) -> o."""
+    runs = {"chunk_gla": lambda q, k, v, g: chunk_gla(q, k, v, g)[0]}
+    try:
+        from fla.ops.gla import chunk_gla as fla_chunk_gla
+
+        runs["fla.chunk_gla"] = lambda q, k, v, g: fla_chunk_gla(q, k, v, g)[0]
+    except ImportError as err:
+        print(f"FLA not available ({err}); profiling ours only")
+    return runs
+
+
+def kernel_times(fn, inputs, steps):
+    """Mean CUDA milliseconds per step of every kernel launched by ``steps`` forward+backward steps."""
+    do = torch.randn_like(inputs[2])
+    for _ in range(5):  # warm-up: compilation and autotuning stay outside the recording
+        fn(*inputs).backward(do)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn(*inputs).backward(do)
+        torch.cuda.synchronize()
+    totals = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time / 1e3 / steps
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--T", type=int, nargs="+", default=[4096])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args()
+    B, H, K, V = 8, 16, 128, 128
+    rows = []
+    for T in args.T:
+        inputs = make_inputs(B, T, H, K, V, "gla")
+        for name, fn in implementations().items():
+            kernels = kernel_times(fn, inputs, args.steps)
+            rows.append({"T": T, "name": name, "total_ms": sum(kernels.values()), "kernels_ms": kernels})
+            print(f"\nT={T} {name}: {sum(kernels.values()):.3f} ms per fwd+bwd step")
+            for kname, ms in kernels.items():
+                print(f"  {ms:8.3f} ms  {kname[:100]}")
+    env = bench.environment()
+    result = {"env": env, "shape": {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16"}, "rows": rows}
+    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    path = args.out or RESULTS / f"chunk_profile_{slug}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

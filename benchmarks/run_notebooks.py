@@ -1,0 +1,60 @@
+"""Execute every chapter notebook with nbclient on this machine and record how each one ran.
+
+``python benchmarks/run_notebooks.py [NOTEBOOK ...]`` (default: notebooks/[0-9]*.ipynb) executes each
+notebook in a fresh kernel from its first cell (the committed outputs are replaced, the files on disk are
+not touched), and writes ``benchmarks/results/notebooks_<device>.json``: per notebook, ok or the failing
+cell's error, the wall time, and what the setup cell printed about the device. It is how the chapters are
+checked on a GPU; on a CPU, ``make test`` runs them through nbval instead.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import sys
+import time
+
+import nbclient
+import nbformat
+
+from gla_ref import bench
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def execute(path: pathlib.Path, timeout_s: int = 600) -> dict:
+    """Run one notebook top to bottom; ok, wall seconds, the first output line of the setup cell."""
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    try:
+        client.execute()
+        status = {"ok": True}
+    except nbclient.exceptions.CellExecutionError as err:
+        status = {"ok": False, "error": str(err).strip().splitlines()[-1][:300]}
+    status["wall_s"] = round(time.perf_counter() - start, 1)
+    setup = next((c for c in nb.cells if c.cell_type == "code"), None)
+    streams = [o.get("text", "") for o in (setup.outputs if setup else []) if o.get("output_type") == "stream"]
+    status["device_line"] = "".join(streams).strip().splitlines()[-1] if any(streams) else ""
+    return status
+
+
+def main():
+    paths = [pathlib.Path(p) for p in sys.argv[1:]] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    env = bench.environment()
+    runs = {}
+    for path in paths:
+        runs[path.name] = execute(path.resolve())
+        print(path.name, runs[path.name], flush=True)
+    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    out = RESULTS / f"notebooks_{slug}.json"
+    out.write_text(json.dumps({"env": env, "notebooks": runs}, indent=1))
+    print("wrote", out)
+    sys.exit(0 if all(r["ok"] for r in runs.values()) else 1)
+
+
+if __name__ == "__main__":
+    main()
