@@ -7,10 +7,13 @@ fp16, tiny shapes); with CUDA the same cases also run bf16 and the realistic sha
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from gla_ref import device
 from gla_ref.testing import as_torch, assert_close, random_inputs
@@ -18,7 +21,8 @@ from gla_ref.torch_ref import chunk_gla, recurrent_gla
 from gla_ref.triton import fused_chunk as fused_chunk_module
 from gla_ref.triton import fused_chunk_gla, fused_recurrent_gla
 from gla_ref.triton import fused_recurrent as fused_recurrent_module
-from triton_cases import bad_inputs, check_outputs, compare_with_reference, float64_copies, forbid_launch, poisoned
+from triton_cases import (bad_inputs, check_outputs, compare_with_reference, float64_copies, forbid_launch, grads,
+                          poisoned)
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()
@@ -66,7 +70,8 @@ def _cases():
     cases += [
         Case("recurrent", F32, 2, 19, 1, 20, 24, opts=dict(reverse=True)),
         Case("recurrent", F16, 1, 19, 1, 100, 72),  # K = 100 → BK = 128, BV = 32: three value blocks
-        Case("chunk", F16, 1, 20, 1, 72, 80),  # BK = BV = 64: two key blocks × two value blocks
+        Case("chunk", F16, 1, 20, 1, 72, 80),  # 128 × 64 state tiles: 2 value blocks (o, dv), 2 key blocks (dq, dk)
+        Case("chunk", F16, 1, 9, 1, 256, 200),  # the largest K: 256 × 32 tiles (o, dv), 32 × 256 (dq, dk)
         Case("chunk", F32, 1, 70, 1, 16, 16, opts=dict(chunk_size=32)),
         Case("chunk", F32, 1, 70, 1, 16, 16, h0=False, opts=dict(chunk_size=64)),
     ]
@@ -122,6 +127,68 @@ def test_non_contiguous_inputs(kernel):
     o2, s2 = KERNELS[kernel](heads_first["q"], heads_first["k"], heads_first["v"], heads_first["g"], **args)
     torch.testing.assert_close(o1, o2, rtol=0, atol=0)
     torch.testing.assert_close(s1, s2, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- memory
+
+class Allocations(TorchDispatchMode):
+    """Records every tensor an op creates in storage of its own while the mode is active (views and
+    in-place results share an input's storage and are left out, as are empty tensors)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tensors = []  # kept alive, so no two records can share an address
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {x.untyped_storage().data_ptr() for x in tree_flatten((args, kwargs))[0]
+                  if isinstance(x, torch.Tensor)}
+        self.tensors += [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)
+                         and x.untyped_storage().nbytes() > 0 and x.untyped_storage().data_ptr() not in inputs]
+        return out
+
+    def bytes(self):
+        return sum(x.untyped_storage().nbytes() for x in self.tensors)
+
+
+def _beyond(allocated, outputs):
+    """Shape and dtype of each allocated tensor that is not (a view of) one of ``outputs``."""
+    kept = {x.untyped_storage().data_ptr() for x in outputs if x is not None}
+    return [(tuple(x.shape), x.dtype) for x in allocated if x.untyped_storage().data_ptr() not in kept]
+
+
+@pytest.mark.parametrize("dtype, gate_dtype, h0, final, K, V", [
+    (F16, F32, True, True, 72, 80),  # two blocks of V (forward, dv) and of K (dq, dk)
+    (F16, F16, False, True, 20, 24),
+    (F32, None, True, False, 20, 24),  # no gate
+])
+def test_allocates_only_its_outputs(dtype, gate_dtype, h0, final, K, V):
+    """fused_chunk_gla allocates its outputs and nothing else, forward and backward: every tensor
+    created during a call is one it returns, and their bytes are fused_chunk.allocated_bytes."""
+    B, T, H = 1, 20, 1
+    gate = "none" if gate_dtype is None else "gla"
+    t = as_torch(random_inputs(B, T, H, K, V, gate, initial_state=h0), dtype=dtype, device=DEV)
+    if gate_dtype is not None:
+        t["g"] = t["g"].to(gate_dtype)
+    names = [n for n in ("q", "k", "v", "g", "initial_state") if t[n] is not None]
+    for n in names:
+        t[n].requires_grad_()
+    call = functools.partial(fused_chunk_gla, t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"],
+                             output_final_state=final)
+    if not device.triton_interpret():  # the autotuner allocates while it benchmarks the first calls
+        o, ht = call()
+        grads((o, ht), (torch.ones_like(o), None if ht is None else torch.ones_like(ht)), [t[n] for n in names])
+
+    with Allocations() as forward:
+        o, ht = call()
+    do, dht = torch.randn_like(o), torch.randn_like(ht) if final else None
+    with Allocations() as backward:
+        gradients = grads((o, ht), (do, dht), [t[n] for n in names])
+
+    expected = fused_chunk_module.allocated_bytes(B, T, H, K, V, dtype, gate_dtype, h0, final)
+    assert _beyond(forward.tensors, (o, ht)) == []
+    assert _beyond(backward.tensors, gradients) == []
+    assert (forward.bytes(), backward.bytes()) == expected  # and each output allocated once
 
 
 # ----------------------------------------------------------------------------- bad input

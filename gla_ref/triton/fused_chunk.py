@@ -1,18 +1,44 @@
 """Fused chunk GLA: FlashLinearAttention without materialisation (paper Alg. 5/6), autograd wrapper.
 
 The forward (:mod:`gla_ref.triton.fused_chunk_fwd`) and the backward
-(:mod:`gla_ref.triton.fused_chunk_bwd`) each keep the chunk state on chip and store no state in HBM:
-the smallest memory footprint of the chunkwise kernels, at the price of a sequential walk over
-the chunks inside each program (parallel only over batch, heads and state blocks).
+(:mod:`gla_ref.triton.fused_chunk_bwd`) each keep the chunk state on chip and store no state in HBM,
+at the price of a sequential walk over the chunks inside each program (parallel only over batch,
+heads and one dimension of the state).
+
+Memory. With s the bytes of an element of q, k, v and s_g of g, a call on contiguous tensors (others
+are copied first) allocates exactly:
+
+- forward: o, ``s·B·T·H·V``, and the final state, ``4·B·H·K·V``, when asked for;
+- backward: dq and dk, ``s·B·T·H·K`` each; dv, ``s·B·T·H·V``; dg, ``s_g·B·T·H·K`` (with g); dh0,
+  ``4·B·H·K·V`` (with an initial state).
+
+That is 0 bytes beyond its inputs and outputs: each program holds the whole dimension its output
+sums over, so no float32 partial is written per block, and the dg buffer carries ``q ⊙ dq`` between
+the two backward kernels that need it. Autograd keeps the inputs and the final state, nothing else.
+(:func:`allocated_bytes` evaluates these formulas; the tests check them against every allocation.)
 """
 
 from __future__ import annotations
+
+import torch
 
 from gla_ref.triton._common import check_chunk_size, prepare, resolve_scale, stateful_function
 from gla_ref.triton.fused_chunk_bwd import fused_chunk_backward
 from gla_ref.triton.fused_chunk_fwd import CHUNK_SIZES, fused_chunk_forward
 
 __all__ = ["fused_chunk_gla"]
+
+
+def allocated_bytes(B, T, H, K, V, dtype, gate_dtype=None, initial_state=False, output_final_state=False):
+    """Bytes ``(forward, backward)`` that one call allocates (its outputs: see the module docstring),
+    for inputs of ``dtype``, gates of ``gate_dtype`` (None: no gate) and the given options."""
+    s = torch.empty((), dtype=dtype).element_size()
+    state = 4 * B * H * K * V
+    forward = s * B * T * H * V + (state if output_final_state else 0)
+    backward = s * B * T * H * (2 * K + V) + (state if initial_state else 0)
+    if gate_dtype is not None:
+        backward += torch.empty((), dtype=gate_dtype).element_size() * B * T * H * K
+    return forward, backward
 
 
 FusedChunkGLA = stateful_function(

@@ -1,20 +1,23 @@
 """Fused chunk GLA, forward: FlashLinearAttention without materialisation (paper Alg. 5).
 
-Grid ``(⌈V/BV⌉, ⌈K/BK⌉, B·H)``: a program owns one ``BK × BV`` block of one head's state S and
-walks the chunks of C tokens in order, the state never leaving the chip. Per chunk, with
-``b_i = g_1 + … + g_i`` from the chunk start (≤ 0, decreasing) and ``b_C`` its last row:
+Grid ``(⌈V/BV⌉, B·H)``: a program owns a ``K × BV`` slice of one head's state S — every key row,
+K padded to a power of two — and walks the chunks of C tokens in order, the state never leaving
+the chip. Holding the whole key dimension is what lets a program finish its ``C × BV`` tile of o
+(a sum over keys) and write it once, in o's dtype. Per chunk, with ``b_i = g_1 + … + g_i`` from
+the chunk start (≤ 0, decreasing) and ``b_C`` its last row:
 
     O   = (Q ⊙ exp b) S  +  P V,      P_ij = scale · Σ_c q_ic k_jc exp(b_ic − b_jc)  (i ≥ j)
     S  ← diag(exp b_C) S  +  (K ⊙ exp(b_C − b))ᵀ V
 
 P is built one key column j at a time (k_j and b_j read row by row), so every exponent is
 ``b_i − b_j ≤ 0``: the stable relative form, with no ``K / Λ`` to overflow. The work of that loop
-grows with C, which is why C = 16 is the default. Matmuls that touch the float32 state take
-float32 operands (IEEE for fp32 inputs; TF32 for 16-bit inputs, which TF32 holds exactly), so S is
-never rounded to 16 bits; P V and dO Vᵀ take the input dtype.
+grows with C, which is why C = 16 is the default; the ``⌈V/BV⌉`` programs of a head each rebuild
+P. Matmuls that touch the float32 state take float32 operands (IEEE for fp32 inputs; TF32 for
+16-bit inputs, which TF32 holds exactly), so S is never rounded to 16 bits; P V and dO Vᵀ take
+the input dtype.
 
-HBM traffic: q, k, v, g read once, o written once (a float32 part per key block when K > BK,
-added up by the launcher), the final state when asked. No chunk state is stored.
+HBM traffic: q, k, g read ``⌈V/BV⌉`` times, v once, o written once, the final state when asked.
+Nothing else is allocated or stored.
 """
 
 from __future__ import annotations
@@ -24,28 +27,40 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune_configs, block
+from gla_ref.triton._tiles import token_bases
 
-MAX_BLOCK = 64
-"""BK and BV are at most 64: a 64 × 64 float32 state (and its gradient) fits in registers."""
+STATE_ELEMENTS = 8192
+"""Float32 state elements a program holds: 32 KiB, 64 registers a thread at 4 warps (of 255).
+
+A program keeps one dimension of the state whole (≤ 256 padded) and splits the other into blocks
+of ``STATE_ELEMENTS // whole`` (at least 16, for tl.dot): K = V = 128 gives 128 × 64 tiles, and
+K = 256 gives 256 × 32."""
 
 CHUNK_SIZES = (16, 32, 64)
 """Chunk sizes the kernels accept: C × C tiles feed tl.dot (≥ 16); the intra-chunk loop costs O(C) a token."""
 
 
 def configs():
-    return autotune_configs([triton.Config({}, num_warps=w, num_stages=s)
-                             for w, s in ((4, 2), (8, 2), (2, 2), (4, 3))])
+    """Warps and stages (no 2-warp config: 8192 state elements would take 128 registers a thread)."""
+    return autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 2), (8, 2), (4, 3))])
 
 
-def launch_meta(q, v, chunk_size):
-    """Grid and the shape arguments every fused-chunk kernel takes."""
+def launch_meta(q, v, chunk_size, whole):
+    """Grid and shape arguments for programs that hold the ``whole`` dimension ("K" or "V") of the
+    state and split the other: grid ``(number of blocks, B·H)``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BK, BV = min(MAX_BLOCK, block(K)), min(MAX_BLOCK, block(V))
-    grid = (triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)
-    meta = dict(B=B, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
+    if whole == "K":
+        BK = block(K)
+        BV = min(block(V), max(16, STATE_ELEMENTS // BK))
+        n_blocks = triton.cdiv(V, BV)
+    else:
+        BV = block(V)
+        BK = min(block(K), max(16, STATE_ELEMENTS // BV))
+        n_blocks = triton.cdiv(K, BK)
+    meta = dict(T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
                 PREC="ieee" if q.dtype == torch.float32 else "tf32")
-    return grid, meta
+    return (n_blocks, B * H), meta
 
 
 # ----------------------------------------------------------------------------- on-chip helpers
@@ -124,26 +139,31 @@ def dot(a, b, DT: tl.constexpr, PREC: tl.constexpr):
     return tl.dot(a.to(DT), b.to(DT), input_precision=PREC)
 
 
+@triton.jit
+def state_step(S, b_k, b_v, b, b_last, PREC: tl.constexpr):
+    """The state one chunk later: ``diag(exp b_C) S + (K ⊙ exp(b_C − b))ᵀ V``, each key decayed to
+    the chunk end (exponents ≤ 0)."""
+    return S * tl.exp(b_last)[:, None] + dot(tl.trans(b_k * tl.exp(b_last[None, :] - b)), b_v, tl.float32, PREC)
+
+
 # ----------------------------------------------------------------------------- the kernel
 
 @triton.autotune(configs=configs(), key=["BK", "BV", "C", "T_BUCKET"])
 @triton.jit
-def _fwd_kernel(q, k, v, g, o, h0, ht, scale, B, T, T_BUCKET,
+def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                 BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                 USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
-    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
     o_c = tl.arange(0, C)
-    o_k = i_k * BK + tl.arange(0, BK)
+    o_k = tl.arange(0, BK)  # every key (BK ≥ K)
     o_v = i_v * BV + tl.arange(0, BV)
-    q += (i_b * T * H + i_h) * K
-    k += (i_b * T * H + i_h) * K
-    v += (i_b * T * H + i_h) * V
-    o += i_k.to(tl.int64) * B * T * H * V + (i_b * T * H + i_h) * V  # this key block's partial output
+    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
+    q, k, v, o = q + base_k, k + base_k, v + base_v, o + base_v
     if USE_G:
-        g += (i_b * T * H + i_h) * K
+        g += base_k
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         p_s, m_s = state_block(h0, i_bh, o_k, o_v, K, V)
@@ -163,21 +183,19 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, scale, B, T, T_BUCKET,
             P_j = tl.sum(b_q * decay_from(b, b_j, j, C) * load_row(k, t_j, o_k, T, K, H * K)[None, :], axis=1)
             P += tl.where((o_c == j)[None, :], P_j[:, None], 0.0)
         b_o = dot(b_q * tl.exp(b), S, tl.float32, PREC) + dot(P, b_v, DT, PREC)
-        store_tile(o, rows, o_v, T, V, H * V, b_o)
-        b_kd = b_k * tl.exp(b_last[None, :] - b)  # k ⊙ exp(b_C − b): each key decayed to the chunk end
-        S = S * tl.exp(b_last)[:, None] + dot(tl.trans(b_kd), b_v, tl.float32, PREC)
+        store_tile(o, rows, o_v, T, V, H * V, b_o)  # the sum over every key: o's final value
+        S = state_step(S, b_k, b_v, b, b_last, PREC)
     if STORE_HT:
         p_s, m_s = state_block(ht, i_bh, o_k, o_v, K, V)
         tl.store(p_s, S, mask=m_s)
 
 
 def fused_chunk_forward(q, k, v, g, h0, scale, output_final_state, chunk_size):
-    """Launch the forward; returns ``(o, final_state or None)``."""
+    """Launch the forward; returns ``(o, final_state or None)``, the only tensors it allocates."""
     B, _, H, K = q.shape
-    grid, meta = launch_meta(q, v, chunk_size)
-    NK = grid[1]
-    o = v.new_empty(NK, *v.shape, dtype=torch.float32 if NK > 1 else v.dtype)
+    grid, meta = launch_meta(q, v, chunk_size, whole="K")
+    o = torch.empty_like(v)
     ht = q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32) if output_final_state else None
     _fwd_kernel[grid](q, k, v, g, o, h0, ht, scale, **meta, USE_G=g is not None, USE_H0=h0 is not None,
                       STORE_HT=output_final_state)
-    return (o.sum(0).to(v.dtype) if NK > 1 else o[0]), ht
+    return o, ht
