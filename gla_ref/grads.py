@@ -18,6 +18,7 @@ from gla_ref._validate import check_chunk_sizes, check_inputs, dtype_name
 
 __all__ = [
     "gate_grad_closed_form",
+    "gate_grad_from_states",
     "gla_bwd_chunk",
     "gla_bwd_recurrent",
     "gla_state_grads",
@@ -152,12 +153,12 @@ def gla_states(k, v, g, initial_state=None):
     """
     dims = check_inputs(k, k, v, g, initial_state, gate_ranks=(4,))
     dt = _math_dtype(k)
-    S = k.new_zeros(dims.B, dims.H, dims.K, dims.V, dtype=dt) if initial_state is None else initial_state.to(dt)
-    out = [S]
+    out = k.new_empty(dims.B, dims.T + 1, dims.H, dims.K, dims.V, dtype=dt)  # written in place: one copy
+    out[:, 0] = 0.0 if initial_state is None else initial_state.to(dt)
     for t in range(dims.T):
-        S = g[:, t, :, :, None].to(dt).exp() * S + k[:, t, :, :, None].to(dt) * v[:, t, :, None, :].to(dt)
-        out.append(S)
-    return torch.stack(out, dim=1)
+        decay, kv = g[:, t, :, :, None].to(dt).exp(), k[:, t, :, :, None].to(dt) * v[:, t, :, None, :].to(dt)
+        out[:, t + 1] = decay * out[:, t] + kv
+    return out
 
 
 def gla_state_grads(q, g, do, *, scale=None, dht=None):
@@ -173,14 +174,13 @@ def gla_state_grads(q, g, do, *, scale=None, dht=None):
     dims = check_inputs(q, q, do, g, None, gate_ranks=(4,))
     _check_cotangents(dims, do, dht)
     scale, dt = _scale(scale, dims.K), _math_dtype(q)
+    out = q.new_empty(dims.B, dims.T, dims.H, dims.K, dims.V, dtype=dt)  # written in place: one copy
     dS = q.new_zeros(dims.B, dims.H, dims.K, dims.V, dtype=dt) if dht is None else dht.to(dt)
-    out = [None] * dims.T
     for t in reversed(range(dims.T)):
         if t < dims.T - 1:  # carry dS_{t+1} back through the gate of step t+1
-            dS = g[:, t + 1, :, :, None].to(dt).exp() * dS
-        dS = dS + scale * q[:, t, :, :, None].to(dt) * do[:, t, :, None, :].to(dt)
-        out[t] = dS
-    return torch.stack(out, dim=1)
+            dS = g[:, t + 1, :, :, None].to(dt).exp() * out[:, t + 1]
+        out[:, t] = dS + scale * q[:, t, :, :, None].to(dt) * do[:, t, :, None, :].to(dt)
+    return out
 
 
 def gla_bwd_recurrent(q, k, v, g, do, *, scale=None, initial_state=None, dht=None):
@@ -195,16 +195,29 @@ def gla_bwd_recurrent(q, k, v, g, do, *, scale=None, initial_state=None, dht=Non
     scale, dt = _scale(scale, dims.K), _math_dtype(q)
     S = gla_states(k, v, g, initial_state)             # [B, T+1, H, K, V]
     dS = gla_state_grads(q, g, do, scale=scale, dht=dht)  # [B, T, H, K, V]
-    alpha = g.to(dt).exp()
     grads = {
         "dq": scale * torch.einsum("bthv,bthkv->bthk", do.to(dt), S[:, 1:]),
         "dk": torch.einsum("bthkv,bthv->bthk", dS, v.to(dt)),
         "dv": torch.einsum("bthk,bthkv->bthv", k.to(dt), dS),
-        "dg": alpha * (S[:, :-1] * dS).sum(-1),
+        "dg": gate_grad_from_states(g, S, dS),
     }
     grads = {n: x.to(q.dtype) for n, x in grads.items()}
-    grads["dh0"] = None if initial_state is None else (alpha[:, 0, :, :, None] * dS[:, 0]).to(initial_state.dtype)
+    alpha0 = g[:, 0, :, :, None].to(dt).exp()
+    grads["dh0"] = None if initial_state is None else (alpha0 * dS[:, 0]).to(initial_state.dtype)
     return grads
+
+
+def gate_grad_from_states(g, states, state_grads):
+    """``d log α_t = α_t ⊙ Σ_v (S_{t-1} ⊙ dS_t)``: the gate gradient read off the stored states.
+
+    g ``[B, T, H, K]``; states ``[B, T+1, H, K, V]`` from :func:`gla_states` (S_0 … S_T); state_grads
+    ``[B, T, H, K, V]`` from :func:`gla_state_grads`. Returns ``[B, T, H, K]`` in the states' dtype.
+    The inputs alone are 2·T·K·V numbers per head, and the product is one more such tensor.
+    """
+    B, T, H, K = g.shape
+    _check_tensor("states", states, (B, T + 1, H, K, states.shape[-1]), "[B, T+1, H, K, V]")
+    _check_tensor("state_grads", state_grads, (B, T, H, K, states.shape[-1]), "[B, T, H, K, V]")
+    return g.to(states.dtype).exp() * (states[:, :-1] * state_grads).sum(-1)
 
 
 # ----------------------------------------------------------------------------- the closed-form gate gradient

@@ -220,3 +220,82 @@ def plot_error_curves(x, errors, ax=None, *, xlabel="chunk size C", ylabel="rela
 
 
 # --- chapters 4+: kernels and benchmarks ---
+
+
+# --- chapter 7: benchmarks ---
+
+def plot_benchmark_curves(result, names, metric="fwd_bwd", ax=None, *, scale=1.0, ylabel="time (ms)",
+                          mark=None, title=None, legend=True):
+    """Log-log curves of one metric against T, one per candidate name (from :func:`gla_ref.bench.series`);
+    ``scale`` multiplies the values (e.g. ``2**-30`` for bytes → GiB). A candidate with rows that hold
+    an error instead (out of memory, say) gets the error and the first such T in its label.
+    ``mark = (T, label)`` draws a labelled vertical line there, e.g. at a crossover. ``legend=False``
+    leaves the legend to the caller (one for a whole figure, say). Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    from gla_ref import bench
+
+    ax = ax if ax is not None else plt.subplots(figsize=(5, 3.4), dpi=90)[1]
+    for name in names:
+        Ts, vals = bench.series(result, name, metric)
+        failed = sorted((r["T"], r["error"]) for r in result["rows"] if r.get("name") == name and "error" in r)
+        label = name + (f" ({failed[0][1]} from T={failed[0][0]})" if failed else "")
+        ax.loglog(Ts, [x * scale for x in vals], marker="o", markersize=3, label=label)
+    if mark is not None:
+        ax.axvline(mark[0], color="0.4", lw=0.8, ls="--")
+        ax.text(mark[0], ax.get_ylim()[0], f"{mark[1]} ", rotation=90, ha="right", va="bottom", fontsize=7,
+                color="0.3")
+    _finish(ax, "sequence length T", ylabel, title, grid="both", legend_size=7)
+    if not legend:
+        ax.get_legend().remove()
+    return ax
+
+
+def plot_chunk_sweep(sweep, impl, ax=None, *, title=None):
+    """Stacked bars of the median time of each part against the chunk size C, for one implementation
+    (``"torch"``, ``"triton"`` or ``"fused"``) of a chunk-size sweep (``benchmarks/bench_chunk_size.py``);
+    the whole-forward row (``"total"``) is drawn as a black dash when there are parts beside it.
+    Chunk sizes the implementation does not accept are marked ``n/a``. Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in sweep["rows"] if r["impl"] == impl]
+    Cs = sorted({r["C"] for r in sweep["rows"]} | {u["C"] for u in sweep.get("unsupported", [])})
+    parts = list(dict.fromkeys(r["part"] for r in rows if r["part"] != "total")) or ["total"]
+    ms = {(r["C"], r["part"]): r["median_ms"] for r in rows}
+    ax = ax if ax is not None else plt.subplots(figsize=(4.5, 3.2), dpi=90)[1]
+    x = range(len(Cs))
+    bottom = [0.0] * len(Cs)
+    for part in parts:
+        h = [ms.get((C, part), 0.0) for C in Cs]
+        ax.bar(x, h, 0.6, bottom=bottom, label=part)
+        bottom = [b + hh for b, hh in zip(bottom, h)]
+    if parts != ["total"]:
+        for i, C in enumerate(Cs):
+            if (C, "total") in ms:
+                ax.plot([i - 0.35, i + 0.35], [ms[C, "total"]] * 2, "k-", lw=1.5,
+                        label="whole forward" if i == 0 else None)
+    for i, C in enumerate(Cs):
+        if not any(r["C"] == C for r in rows):
+            ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=8, color="0.4")
+    ax.set_xticks(list(x), [str(C) for C in Cs])
+    return _finish(ax, "chunk size C", "median time (ms)", title, legend_size=7)
+
+
+def plot_roofline(points, peaks, ax=None, *, title=None):
+    """A roofline, log-log: attainable TFLOP/s against arithmetic intensity (FLOPs per HBM byte) for
+    each ``{label: peaks}`` (``bf16_TFLOPs``, ``fp32_TFLOPs``, ``hbm_GBps``; the tensor-core roof
+    solid, the fp32 roof dotted, one colour per peaks dict), and one marker per kernel of
+    ``points`` = ``{label: (intensity, achieved TFLOP/s)}``. Returns the axes."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ax = ax if ax is not None else plt.subplots(figsize=(5.5, 3.6), dpi=90)[1]
+    xs = [i for i, _ in points.values()]
+    x = np.geomspace(min(xs + [1.0]) / 2, max(xs + [1e4]) * 2, 200)
+    for color, (label, pk) in zip(("k", "0.55"), peaks.items()):
+        bw = pk["hbm_GBps"] / 1e3  # TB/s: TFLOP/s = intensity (FLOP/byte) × TB/s
+        ax.loglog(x, np.minimum(pk["bf16_TFLOPs"], x * bw), color=color, lw=1.5, label=f"{label}: bf16 roof")
+        ax.loglog(x, np.minimum(pk["fp32_TFLOPs"], x * bw), color=color, lw=1, ls=":", label=f"{label}: fp32 roof")
+    for label, (intensity, tflops) in points.items():
+        ax.loglog([intensity], [tflops], "o", markersize=6, label=label)
+    return _finish(ax, "arithmetic intensity (FLOP per HBM byte)", "TFLOP/s", title, grid="both", legend_size=6)

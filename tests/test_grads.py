@@ -107,6 +107,18 @@ def test_states_and_state_grads_shapes():
     assert_close("dS_T", dht + SHAPES[1]["K"] ** -0.5 * x["q"][:, -1, :, :, None] * do[:, -1, :, None, :], dS[:, -1], TOL)
 
 
+@pytest.mark.parametrize("h0,with_dht", [(False, False), (True, True)])
+def test_gate_grad_from_states(h0, with_dht):
+    x, do, dht, ref, _ = _autograd("gla", SHAPES[1], h0, with_dht)
+    S = grads.gla_states(x["k"], x["v"], x["g"], x["initial_state"])
+    dS = grads.gla_state_grads(x["q"], x["g"], do, dht=dht)
+    assert_close("dg from the states", ref["g"], grads.gate_grad_from_states(x["g"], S, dS), TOL)
+    with pytest.raises(ValueError, match="states must have shape"):
+        grads.gate_grad_from_states(x["g"], S[:, 1:], dS)
+    with pytest.raises(ValueError, match="state_grads must have shape"):
+        grads.gate_grad_from_states(x["g"], S, dS[..., :3])
+
+
 def test_reverse_cumsum():
     x = torch.arange(5.0)[None]
     assert torch.equal(grads.reverse_cumsum(x), torch.tensor([[10.0, 10.0, 9.0, 7.0, 4.0]]))

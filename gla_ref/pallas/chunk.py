@@ -2,7 +2,7 @@
 
 Forward (paper §3.3 "with materialisation", Alg. 3):
 
-1. ``b``: the chunk-local cumulative log-gate (an XLA scan, float32);
+1. ``b``: the chunk-local cumulative log-gate (float32, a matmul by a triangle of ones in XLA);
 2. a *state kernel* runs over the chunks in order and writes the state entering each chunk,
    ``h`` (held transposed, ``[B, H, N, V, K]``) and the final state;
 3. an *output kernel*, parallel over chunks, computes each chunk's output from its ``h`` and
@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.lax import Precision
 
 from gla_ref import device
 from gla_ref._validate import check_chunk_sizes, check_inputs, dtype_name
@@ -37,6 +38,7 @@ __all__ = ["chunk_gla"]
 MAX_DIM = 256
 KERNEL_DTYPES = ("float32", "bfloat16")
 LAUNCHERS = {"tpu": tpu, "gpu": gpu}
+HIGHEST = Precision.HIGHEST
 
 
 class Plan(NamedTuple):
@@ -111,20 +113,34 @@ def _to_kernel_layout(x, T_pad, D_pad, dtype=None):
     return jnp.pad(x, ((0, 0), (0, 0), (0, T_pad - x.shape[2]), (0, D_pad - x.shape[3])))
 
 
+def _triangular_sum(x, C, upper):
+    """Inclusive sums inside each chunk of ``C`` rows of ``x [B, H, T, D]`` (T a multiple of C), as one
+    matmul by a triangle of ones: lower gives ``Σ_{s ≤ t}``, upper gives ``Σ_{s ≥ t}``.
+
+    A matmul, not ``jnp.cumsum`` (a reduce-window on GPU) nor an associative scan (dozens of
+    slices and pads): XLA compiles one dot, and the float32 products by 0/1 are exact.
+    """
+    B, H, T, D = x.shape
+    ones = jnp.ones((C, C), jnp.float32)
+    tri = jnp.triu(ones) if upper else jnp.tril(ones)
+    out = jnp.einsum("ts,bhnsd->bhntd", tri, x.reshape(B, H, T // C, C, D), precision=HIGHEST)
+    return out.reshape(B, H, T, D)
+
+
 def _local_cumsum(g, C):
     """``b``: cumulative log-gates restarting at every chunk, float32."""
-    B, H, T, D = g.shape
-    return _cumsum(g.reshape(B, H, T // C, C, D), axis=3).reshape(B, H, T, D)
+    return _triangular_sum(g, C, upper=False)
 
 
-def _cumsum(x, axis, reverse=False):
-    """Cumulative sum by a log-depth associative scan.
-
-    With ``jnp.cumsum`` (a reduce-window on GPU), XLA's slow-compile alarm fired on a reduce
-    fusion at T = 1024 on an H200 (jax 0.11.2) and the compile did not end within minutes; the
-    scan lowers to slices and adds. Whether this clears that stall is not yet measured on a GPU.
-    """
-    return jax.lax.associative_scan(jnp.add, x, reverse=reverse, axis=axis)
+def _reverse_cumsum(x, C):
+    """``Σ_{s ≥ t} x_s`` over the whole (padded) sequence: the sum to the end of t's chunk plus the
+    totals of all later chunks (an ``[N, N]`` triangle over the chunk totals)."""
+    B, H, T, D = x.shape
+    N = T // C
+    within = _triangular_sum(x, C, upper=True).reshape(B, H, N, C, D)
+    later = jnp.triu(jnp.ones((N, N), jnp.float32), 1)  # chunk m gets the totals of chunks n > m
+    after = jnp.einsum("mn,bhnd->bhmd", later, within[:, :, :, 0], precision=HIGHEST)
+    return (within + after[:, :, :, None]).reshape(B, H, T, D)
 
 
 def run(q, k, v, g, initial_state, plan: Plan):
@@ -168,12 +184,12 @@ def _backward(plan: Plan, q, k, v, b, h0, do, dht):
     return dq, dk, dv, dh0
 
 
-def _gate_grad(q, k, dq, dk, g, ht, dht):
+def _gate_grad(q, k, dq, dk, g, ht, dht, C):
     """Closed form (paper §4.3): ``dg_t = Σ_{s ≥ t} (q_s ⊙ dq_s − k_s ⊙ dk_s) + Σ_v S_T ⊙ dS_T``."""
     dlogb = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
     if g.shape[-1] == 1:  # a scalar gate scales every key column alike
         dlogb = dlogb.sum(-1, keepdims=True)
-    dg = _cumsum(dlogb, axis=2, reverse=True)
+    dg = _reverse_cumsum(dlogb, C)
     if dht is not None:
         final = (ht * dht).sum(-2)  # states are [B, H, V, K]: sum over V
         final = final.sum(-1, keepdims=True) if g.shape[-1] == 1 else final
@@ -207,7 +223,7 @@ def _kernels(plan: Plan):
         do = do.astype(q.dtype)
         dq, dk, dv, dh0 = _backward(plan, q, k, v, _local_cumsum(g, plan.chunk), h0, do, dht)
         dq, dk = dq.sum(2), dk.sum(2)  # partials of the value blocks
-        dg = _gate_grad(q, k, dq, dk, g, ht, dht)
+        dg = _gate_grad(q, k, dq, dk, g, ht, dht, plan.chunk)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dh0
 
     f.defvjp(f_fwd, f_bwd)
