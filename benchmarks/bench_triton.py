@@ -71,7 +71,7 @@ def measure(fn, inputs):
     def fwd_bwd():
         fn(*inputs).backward(do)
 
-    out = {"fwd": bench.time_cuda(fwd), "fwd_bwd": bench.time_cuda(fwd_bwd)}
+    out = {"fwd": bench.time_cuda(fwd), "fwd_bwd": bench.time_cuda(fwd_bwd, grad_to_none=inputs)}
     for x in inputs:
         x.grad = None
     out["fwd_peak_bytes"] = bench.peak_memory_cuda(fwd)

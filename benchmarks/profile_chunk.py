@@ -42,12 +42,18 @@ def implementations():
 def kernel_times(fn, inputs, steps):
     """Mean CUDA milliseconds per step of every kernel launched by ``steps`` forward+backward steps."""
     do = torch.randn_like(inputs[2])
-    for _ in range(5):  # warm-up: compilation and autotuning stay outside the recording
+
+    def step():
+        for x in inputs:  # fresh gradients: no autograd accumulation into old ones in the profile
+            x.grad = None
         fn(*inputs).backward(do)
+
+    for _ in range(5):  # warm-up: compilation and autotuning stay outside the recording
+        step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            fn(*inputs).backward(do)
+            step()
         torch.cuda.synchronize()
     totals = {}
     for event in prof.events():

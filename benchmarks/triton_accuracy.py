@@ -1,16 +1,18 @@
 """Accuracy table of every Triton kernel against the float64 reference, on a CUDA GPU.
 
-``python benchmarks/triton_accuracy.py [KERNEL ...]`` (default: every kernel) writes ``benchmarks/results/triton_accuracy_<device>.json``
-and prints one row per (kernel, dtype, shape): the relative RMSE of o, the final state and every gradient.
+``python benchmarks/triton_accuracy.py [KERNEL ...] [--out PATH]`` (default: every kernel) writes
+``benchmarks/results/triton_accuracy_<device>.json`` (or PATH) and prints one row per (kernel, dtype, shape):
+the relative RMSE of o, the final state and every gradient. Naming kernels re-measures those and keeps the
+stored rows of the others; separate ``--out`` files let several kernels run in parallel processes.
 The pass/fail bounds live in the tests (tests/test_triton_*.py); this script records the numbers.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import re
-import sys
 
 import torch
 
@@ -45,13 +47,19 @@ def run(fn, x, do, dht):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kernels", nargs="*", metavar="KERNEL", help=f"any of {', '.join(KERNELS)}")
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args()
+    if set(args.kernels) - set(KERNELS):
+        parser.error(f"unknown kernel(s) {sorted(set(args.kernels) - set(KERNELS))}; choose from {list(KERNELS)}")
     env = bench.environment()
     slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"triton_accuracy_{slug}.json"
+    path = args.out or RESULTS / f"triton_accuracy_{slug}.json"
     rows, refs = [], {}
-    names = sys.argv[1:] or list(KERNELS)
-    if path.exists() and sys.argv[1:]:  # a partial re-run adds to the stored rows
+    names = args.kernels or list(KERNELS)
+    if path.exists() and args.kernels:  # a partial re-run adds to the stored rows
         rows = [r for r in json.loads(path.read_text())["rows"] if r["kernel"] not in names]
     for name in names:
         gate, fn = KERNELS[name]

@@ -112,14 +112,16 @@ def environment() -> dict:
     return info
 
 
-def time_cuda(fn, *, warmup=25, rep=100) -> dict:
+def time_cuda(fn, *, warmup=25, rep=100, grad_to_none=None) -> dict:
     """Median and 20/80 % quantiles (ms) of a CUDA callable, by ``triton.testing.do_bench``.
 
-    do_bench warms up, flushes the L2 cache between runs and times with CUDA events.
+    do_bench warms up, flushes the L2 cache between runs and times with CUDA events. Pass the
+    inputs of a backward as ``grad_to_none``: their ``.grad`` is reset before each run, so the time
+    excludes autograd adding each new gradient into the old one.
     """
     from triton.testing import do_bench
 
-    p20, median, p80 = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.2, 0.5, 0.8])
+    p20, median, p80 = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.2, 0.5, 0.8], grad_to_none=grad_to_none)
     return {"median_ms": median, "p20_ms": p20, "p80_ms": p80}
 
 

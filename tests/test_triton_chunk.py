@@ -176,3 +176,157 @@ def test_values_unchecked_without_debug():
     assert not device.is_debug()
     o, _ = chunk_gla(q, CLEAN["k"], CLEAN["v"], g, initial_state=h0, chunk_size=16)
     assert o.shape == CLEAN["v"].shape
+
+
+# ----------------------------------------------------------------------------- backward steps: dA, intra-chunk dq/dk
+
+from gla_ref.triton.chunk_backward import chunk_bwd_dA  # noqa: E402
+from gla_ref.triton.chunk_backward_intra import chunk_bwd_dqk_intra  # noqa: E402
+from gla_ref.triton.chunk_cumsum import chunk_local_cumsum  # noqa: E402
+
+
+class StepCase(NamedTuple):
+    dtype: torch.dtype
+    B: int
+    T: int
+    H: int
+    K: int  # K for the intra-chunk step, V for dA
+    C: int
+    tau: float = 4.0
+
+
+STEP_CASES = [
+    StepCase(F32, 1, 1, 1, 20, 64),  # T = 1
+    StepCase(F32, 2, 37, 2, 20, 16),  # T not a multiple of C, partial last chunk and sub-chunk
+    StepCase(F32, 1, 37, 2, 24, 32),
+    StepCase(F32, 1, 70, 1, 100, 64),  # two key blocks of 64 (the second partial); V = 100: four blocks of 32 on CPU
+    StepCase(F16, 1, 70, 2, 40, 32),
+    StepCase(F32, 1, 70, 1, 20, 64, tau=0.05),  # gates near -14 per token
+    *([StepCase(BF16, 2, 300, 4, 128, 64)] if CUDA else []),
+]
+
+
+def _step_id(c):
+    return f"{str(c.dtype)[6:]}-B{c.B}T{c.T}H{c.H}D{c.K}-C{c.C}{f'-tau{c.tau}' if c.tau != 4.0 else ''}"
+
+
+def _chunk_rows(T, C):
+    """Row ranges of the chunks of a length-T sequence."""
+    return [slice(s, min(s + C, T)) for s in range(0, T, C)]
+
+
+@pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
+def test_bwd_dA_step(c):
+    """dA[t, s] = scale · ⟨dO_t, v_s⟩ for s ≤ t in t's chunk (column s − chunk start), 0 elsewhere."""
+    gen = torch.Generator().manual_seed(c.T + c.K)
+    v, do = (torch.randn(c.B, c.T, c.H, c.K, generator=gen).to(c.dtype).to(DEV) for _ in range(2))
+    dA = chunk_bwd_dA(v, do, 0.7, c.C)
+    assert dA.dtype == F32 and dA.shape == (c.B, c.T, c.H, c.C)
+    ref = torch.zeros(dA.shape, dtype=torch.float64)
+    for rows in _chunk_rows(c.T, c.C):
+        L = rows.stop - rows.start
+        block = 0.7 * torch.einsum("bthv,bshv->bths", do[:, rows].double().cpu(), v[:, rows].double().cpu())
+        ref[:, rows, :, :L] = block.where(torch.ones(L, L, dtype=torch.bool).tril()[:, None, :], 0.0)
+    assert_close("dA", ref, dA, TOL[c.dtype])
+
+
+def _dqk_intra_reference(q, k, gc, dA, C):
+    """float64 dq_r = Σ_{s ≤ r} dA[r, s] k_s ⊙ exp(Γ_r − Γ_s), dk_s = Σ_{r ≥ s} dA[r, s] q_r ⊙ exp(Γ_r − Γ_s),
+    r and s in one chunk (entries of dA above the diagonal ignored)."""
+    q, k, gc, dA = (x.double().cpu() for x in (q, k, gc, dA))
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    for rows in _chunk_rows(q.shape[1], C):
+        L = rows.stop - rows.start
+        causal = torch.ones(L, L, dtype=torch.bool).tril()[None, :, :, None, None]
+        diff = gc[:, rows, None] - gc[:, None, rows]  # [B, r, s, H, K]
+        decay = torch.where(causal, torch.exp(torch.where(causal, diff, 0.0)), 0.0)
+        D = dA[:, rows, :, :L].permute(0, 1, 3, 2)  # [B, r, s, H]
+        dq[:, rows] = torch.einsum("brsh,brshk,bshk->brhk", D, decay, k[:, rows])
+        dk[:, rows] = torch.einsum("brsh,brshk,brhk->bshk", D, decay, q[:, rows])
+    return dq, dk
+
+
+@pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
+def test_bwd_dqk_intra_step(c):
+    """The intra-chunk dq, dk from a random dA (entries above the diagonal too: the kernel must mask them)."""
+    x = random_inputs(c.B, c.T, c.H, c.K, 16, "gla", seed=c.T + c.C, tau=c.tau)
+    t = as_torch(x, dtype=c.dtype, device=DEV)
+    gc = chunk_local_cumsum(t["g"], c.C)
+    dA = torch.randn(c.B, c.T, c.H, c.C, generator=torch.Generator().manual_seed(c.K)).to(DEV)
+    dq, dk = chunk_bwd_dqk_intra(t["q"], t["k"], gc, dA, c.C)
+    assert dq.dtype == dk.dtype == F32 and dq.shape == dk.shape == t["q"].shape
+    ref_dq, ref_dk = _dqk_intra_reference(t["q"], t["k"], gc, dA, c.C)
+    assert_close("dq_intra", ref_dq, dq, TOL[c.dtype])
+    assert_close("dk_intra", ref_dk, dk, TOL[c.dtype])
+
+
+# ----------------------------------------------------------------------------- forward steps: A, states, output
+
+from gla_ref.triton.chunk_intra import chunk_intra_attention  # noqa: E402
+from gla_ref.triton.chunk_output import chunk_output  # noqa: E402
+from gla_ref.triton.chunk_state import chunk_state_fwd  # noqa: E402
+
+
+def _step_inputs(c):
+    """Kernel inputs of a step case (V = K + 7: never a power of two here), gates accumulated per chunk."""
+    t = as_torch(random_inputs(c.B, c.T, c.H, c.K, c.K + 7, "gla", seed=c.T + c.K, tau=c.tau, initial_state=True),
+                 dtype=c.dtype, device=DEV)
+    return t, chunk_local_cumsum(t["g"], c.C)
+
+
+@pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
+def test_fwd_intra_A_step(c):
+    """A[r, s] = scale · Σ_d q_rd k_sd exp(Γ_rd − Γ_sd) for s ≤ r in one chunk, exactly 0 above."""
+    t, gc = _step_inputs(c)
+    A = chunk_intra_attention(t["q"], t["k"], gc, 0.7, c.C)
+    assert A.dtype == F32 and A.shape == (c.B, c.T, c.H, c.C)
+    q, k, g = (x.double().cpu() for x in (t["q"], t["k"], gc))
+    ref = torch.zeros(A.shape, dtype=torch.float64)
+    for rows in _chunk_rows(c.T, c.C):
+        L = rows.stop - rows.start
+        causal = torch.ones(L, L, dtype=torch.bool).tril()[None, :, :, None, None]
+        decay = torch.exp(torch.where(causal, g[:, rows, None] - g[:, None, rows], -torch.inf))  # [B, r, s, H, K]
+        ref[:, rows, :, :L] = 0.7 * torch.einsum("brhk,bshk,brshk->brhs", q[:, rows], k[:, rows], decay)
+    assert_close("A", ref, A, TOL[c.dtype])
+    r = torch.arange(c.T) % c.C
+    above = (torch.arange(c.C)[None, :] > r[:, None])[None, :, None, :].expand(A.shape)
+    assert torch.count_nonzero(A.cpu()[above]) == 0
+
+
+@pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
+def test_fwd_state_step(c):
+    """h[:, :, n] is the state entering chunk n and ht the final state, from the float64 token recurrence."""
+    t, gc = _step_inputs(c)
+    h, ht = chunk_state_fwd(t["k"], t["v"], gc, t["initial_state"], True, c.C)
+    N = -(-c.T // c.C)
+    assert h.dtype == ht.dtype == F32 and ht.shape == t["initial_state"].shape
+    assert h.shape == (c.B, c.H, N, c.K, c.K + 7)
+    k, v, g, S = (x.double().cpu() for x in (t["k"], t["v"], t["g"], t["initial_state"]))
+    ref = []
+    for i in range(c.T):
+        if i % c.C == 0:
+            ref.append(S)
+        S = S * g[:, i].exp()[..., None] + k[:, i, :, :, None] * v[:, i, :, None, :]
+    assert_close("h", torch.stack(ref, dim=2), h, TOL[c.dtype])
+    assert_close("ht", S, ht, TOL[c.dtype])
+
+
+@pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
+def test_fwd_output_step(c):
+    """O_n = scale · (Q_n ⊙ exp Γ_n) S_n + (A_n ⊙ M) V_n from random states and a random A whose entries above
+    the diagonal must be ignored."""
+    t, gc = _step_inputs(c)
+    gen = torch.Generator().manual_seed(c.T + c.C)
+    N, V = -(-c.T // c.C), c.K + 7
+    h = torch.randn(c.B, c.H, N, c.K, V, generator=gen).to(DEV)
+    A = torch.randn(c.B, c.T, c.H, c.C, generator=gen).to(DEV)
+    o = chunk_output(t["q"], t["v"], gc, h, A, 0.7, c.C)
+    assert o.dtype == c.dtype and o.shape == t["v"].shape
+    q, v, g, h, A = (x.double().cpu() for x in (t["q"], t["v"], gc, h, A))
+    ref = torch.zeros(o.shape, dtype=torch.float64)
+    for n, rows in enumerate(_chunk_rows(c.T, c.C)):
+        L = rows.stop - rows.start
+        A_n = A[:, rows, :, :L] * torch.ones(L, L, dtype=torch.float64).tril()[None, :, None, :]
+        ref[:, rows] = (0.7 * torch.einsum("bthk,bhkv->bthv", q[:, rows] * g[:, rows].exp(), h[:, :, n])
+                        + torch.einsum("bths,bshv->bthv", A_n, v[:, rows]))
+    assert_close("o", ref, o, TOL[c.dtype])

@@ -5,12 +5,13 @@ Forward, one kernel per step:
 1. Γ = chunk-local cumsum of the log-gates, float32            (:mod:`chunk_cumsum`)
 2. S_n, the state entering each chunk, and the final state      (:mod:`chunk_state`)
 3. A, the intra-chunk matrix: sub-chunk pairs by tensor-core matmuls,
-   diagonal sub-chunk tiles in float32 log space               (:mod:`chunk_intra`)
+   diagonal sub-chunk tiles in float32 by running gate products (:mod:`chunk_intra`)
 4. O = scale·(Q ⊙ exp Γ) S_n + (A ⊙ M) V                        (:mod:`chunk_output`)
 
 Backward (the seven steps of the FLA reading notes): Γ is kept from the forward, S_n is
 recomputed (step 2 again), dS runs the reverse recurrence from the final-state cotangent to dh0
-(:func:`chunk_state_bwd`), then dv, and dq/dk/dg with dA formed on chip (:mod:`chunk_backward`).
+(:func:`chunk_state_bwd`), then dv and dA (:mod:`chunk_backward`), the intra-chunk dq/dk
+(:mod:`chunk_backward_intra`), and the inter-chunk dq/dk merged with the gate gradient dg.
 Everything but the two state recurrences is parallel over chunks.
 """
 

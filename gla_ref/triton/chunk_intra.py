@@ -4,17 +4,26 @@ Inside chunk n (positions r, s = 0..C−1, Γ the chunk-local cumulative gate),
 
     A[r, s] = scale · Σ_d q_rd k_sd exp(Γ_rd − Γ_sd)      for s ≤ r,   0 above the diagonal.
 
-The chunk is cut into sub-chunks of c tokens. For a key sub-chunk j and every later query row the
-exponent splits at ``Γ_e``, the last row e of sub-chunk j:
+The chunk is cut into sub-chunks of c tokens. For a query sub-chunk i and an earlier key sub-chunk
+j < i the exponent splits at ``Γ_p``, the first row p of sub-chunk i:
 
-    A[r, s∈j] = (q_r ⊙ exp(Γ_r − Γ_e)) · (k_s ⊙ exp(Γ_e − Γ_s))     r > e ≥ s, both exponents ≤ 0,
+    A[r∈i, s∈j] = (q_r ⊙ exp(Γ_r − Γ_p)) · (k_s ⊙ exp(Γ_p − Γ_s))      r ≥ p > s, exponents ≤ 0,
 
-a tensor-core matmul with half-precision operands (the orange tiles of Fig. 3). Pairs inside one
-sub-chunk (the pink diagonal tiles) have no such split point; they are summed in float32 straight
-from Eq. 4, one key column at a time, exponent ``Γ_r − Γ_s ≤ 0`` masked before exp.
+one c × c tensor-core matmul over K with half-precision operands (the orange tiles of Fig. 3); the
+query factor is computed once and serves every j. Pairs inside sub-chunk i (the pink diagonal
+tiles) have no split point; they are summed in float32 one key column s at a time, from s = p+c−1
+down to p, with the decay matrix kept as a running product,
 
-Grid ``(⌈T/C⌉, B·H)``: a program owns one chunk's ``C × C`` tile of A. HBM: q, k, Γ read once
-(the diagonal loop re-reads rows from cache), A written once in float32, zeros above the diagonal.
+    E_s[r] = exp(Γ_r − Γ_s) = E_{s+1}[r] · exp(Γ_{s+1} − Γ_s)   (r > s),     E_s[s] = 1,
+
+so a column costs K exps (of single log-gates, ≤ 0) instead of c·K, and the tile work is
+multiplications: every factor is ≤ 1, nothing overflows, and a product of at most c − 1 rounded
+factors stays within a few c ulps of exp(Γ_r − Γ_s) (or underflows where that is below float32).
+
+Grid ``(C/c, ⌈T/C⌉, B·H)``: a program owns the c × C row strip of A of one query sub-chunk (its
+tiles left of the diagonal, the diagonal tile, zeros right of it). HBM: the strip's q and Γ rows,
+k and Γ rows of sub-chunks j ≤ i (the earlier ones shared in L2 with the strip's neighbours), A
+written once in float32 with zeros above the diagonal.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune_configs, block
+from gla_ref.triton._tiles import load_rows, store_rows
 from gla_ref.triton.chunk_state import _precision
 
 SUB_CHUNK = 16
@@ -32,64 +42,72 @@ SUB_CHUNK = 16
 
 def _configs():
     return autotune_configs([triton.Config({}, num_warps=w, num_stages=s)
-                             for w, s in ((4, 2), (4, 1), (8, 2))])
+                             for w, s in ((4, 2), (2, 2), (8, 2), (4, 3))])
+
+
+@triton.jit
+def _split_tile(k, gc, b_qt, g_p, s0, T, o_c, o_k, m_k, HK: tl.constexpr, PREC: tl.constexpr):
+    """A[r∈i, s∈j] / scale for the key sub-chunk j starting at token s0 < p: the split-at-Γ_p matmul."""
+    s = s0 + o_c
+    b_k = load_rows(k, s, s < T, o_k, m_k, HK)
+    b_gk = load_rows(gc, s, s < T, o_k, m_k, HK)
+    b_kt = (b_k * tl.exp(g_p[None, :] - b_gk)).to(b_qt.dtype)
+    return tl.dot(b_qt, tl.trans(b_kt), input_precision=PREC)
+
+
+@triton.jit
+def _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, HK: tl.constexpr, c: tl.constexpr):
+    """D[r, j] = A[p+r, p+j] / scale (j ≤ r, else 0) in float32, the decay E by a running product."""
+    b_D = tl.zeros([c, c], dtype=tl.float32)
+    b_E = tl.zeros_like(b_q)                     # E[r] = exp(Γ_r − Γ_s) for rows r ≥ s, 0 above
+    g_next = tl.load(gc + tl.minimum(p + c - 1, T - 1) * HK + o_k, mask=m_k, other=0.0)
+    for jj in tl.static_range(c):                # unrolled: the row loads can all go out early
+        j = c - 1 - jj
+        s = tl.minimum(p + j, T - 1)             # keys past T only meet rows past T, never stored
+        b_ks = tl.load(k + s * HK + o_k, mask=m_k, other=0.0).to(tl.float32)
+        g_s = tl.load(gc + s * HK + o_k, mask=m_k, other=0.0)
+        b_E = b_E * tl.exp(g_next - g_s)[None, :] + (o_c[:, None] == j).to(tl.float32)  # row s was 0
+        b_a = tl.sum(b_q * b_E * b_ks[None, :], axis=1)
+        b_D = tl.where((o_c[None, :] == j) & (o_c[:, None] >= j), b_a[:, None], b_D)
+        g_next = g_s
+    return b_D
 
 
 @triton.autotune(configs=_configs(), key=["K", "T_BUCKET", "C"])
 @triton.jit
-def chunk_intra_kernel(q, k, gc, A, scale, T, T_BUCKET, H: tl.constexpr,
-                       K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
-                       PREC: tl.constexpr):
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+def chunk_intra_kernel(q, k, gc, A, scale, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr,
+                       C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    i_i, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    o_t = tl.arange(0, C)                    # position inside the chunk
-    o_c = tl.arange(0, c)
-    t = i_n * C + o_t
-    m_t = t < T
-    t_c = tl.minimum(t, T - 1)               # rows past T repeat the last real gate row (g = 0 there)
-    sub = o_t // c                           # sub-chunk of each row
-    p_s = sub * c                            # first row of that sub-chunk
+    p = i_n * C + i_i * c                    # first token of query sub-chunk i
+    if p >= T:
+        return
+    o_c, o_C, o_k = tl.arange(0, c), tl.arange(0, C), tl.arange(0, BK)
+    t = p + o_c
+    m_t, m_k = t < T, o_k < K
     base = (i_b.to(tl.int64) * T * H + i_h) * K
+    p_A = A + (i_b.to(tl.int64) * T * H + i_h) * C
 
-    b_A = tl.zeros([C, C], dtype=tl.float32)     # pairs in different sub-chunks
-    b_D = tl.zeros([C, c], dtype=tl.float32)     # b_D[r, j] = A[r, p_s(r) + j]: the diagonal tiles
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        p_tk = base + t[:, None] * (H * K) + o_k[None, :]
-        b_q = tl.load(q + p_tk, mask=m_t[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-        b_k = tl.load(k + p_tk, mask=m_t[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-        b_g = tl.load(gc + base + t_c[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
-        for j in tl.static_range(C // c - 1):
-            e = j * c + c - 1
-            g_e = tl.load(gc + base + tl.minimum(i_n * C + e, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)
-            later = (o_t > e)[:, None]
-            in_j = (sub == j)[:, None]
-            b_qt = tl.where(later, b_q * tl.exp(tl.where(later, b_g - g_e[None, :], 0.0)), 0.0)
-            b_kt = tl.where(in_j, b_k * tl.exp(tl.where(in_j, g_e[None, :] - b_g, 0.0)), 0.0)
-            b_A += tl.dot(b_qt.to(k.dtype.element_ty), tl.trans(b_kt.to(k.dtype.element_ty)), input_precision=PREC)
-        for j in range(c):
-            s = p_s + j                      # key column j of each row's diagonal tile
-            t_s = i_n * C + s
-            b_ks = tl.load(k + base + t_s[:, None] * (H * K) + o_k[None, :],
-                           mask=(t_s < T)[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-            b_gs = tl.load(gc + base + tl.minimum(t_s, T - 1)[:, None] * (H * K) + o_k[None, :],
-                           mask=m_k[None, :], other=0.0)
-            causal = (o_t >= s)[:, None]
-            b_a = tl.sum(tl.where(causal, b_q * b_ks * tl.exp(tl.where(causal, b_g - b_gs, 0.0)), 0.0), axis=1)
-            b_D += tl.where(o_c[None, :] == j, b_a[:, None], 0.0)
+    q, k, gc = q + base, k + base, gc + base
+    b_q = load_rows(q, t, m_t, o_k, m_k, H * K).to(tl.float32)
+    b_g = tl.load(gc + tl.minimum(t, T - 1)[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
+    g_p = tl.load(gc + p * (H * K) + o_k, mask=m_k, other=0.0)
+    b_qt = (b_q * tl.exp(b_g - g_p[None, :])).to(k.dtype.element_ty)  # rows past T repeat Γ row T−1
+    for j in range(i_i):
+        b_a = _split_tile(k, gc, b_qt, g_p, i_n * C + j * c, T, o_c, o_k, m_k, H * K, PREC)
+        store_rows(p_A, b_a * scale, t, m_t, j * c + o_c, o_c < c, H * C)
 
-    p_A = A + (i_b.to(tl.int64) * T * H + i_h) * C + t[:, None] * (H * C)
-    tl.store(p_A + o_t[None, :], b_A * scale, mask=m_t[:, None] & (sub[:, None] != sub[None, :]))
-    tl.store(p_A + p_s[:, None] + o_c[None, :], b_D * scale, mask=m_t[:, None])
+    b_D = _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, H * K, c)
+    store_rows(p_A, b_D * scale, t, m_t, i_i * c + o_c, o_c < c, H * C)
+    store_rows(p_A, tl.zeros([c, C], dtype=tl.float32), t, m_t, o_C, o_C >= i_i * c + c, H * C)
 
 
 def chunk_intra_attention(q, k, gc, scale: float, chunk_size: int) -> torch.Tensor:
     """A ``[B, T, H, C]`` in float32: row t holds A[t, ·] of its chunk (scale included)."""
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(T, chunk_size), B * H)
+    c = min(SUB_CHUNK, chunk_size)
+    grid = (chunk_size // c, triton.cdiv(T, chunk_size), B * H)
     chunk_intra_kernel[grid](q, k, gc, A, scale, T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
-                             C=chunk_size, c=min(SUB_CHUNK, chunk_size), BK=min(64, block(K)),
-                             PREC=_precision(q))
+                             C=chunk_size, c=c, BK=block(K), PREC=_precision(q))
     return A

@@ -6,8 +6,12 @@ The first term is the inter-chunk part (exponent Γ ≤ 0: the reference row is 
 where S_n was taken); the second is the intra-chunk part, with A from :mod:`chunk_intra` (scale
 included) and M the causal mask, applied again with tl.where.
 
-Grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``: a program owns one chunk's ``C × BV`` tile of O and loops over K
-blocks. HBM: q, Γ, A, the ``K × BV`` slice of S_n, the ``C × BV`` tile of V read; O written once.
+Grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``: a program owns one chunk's ``C × BV`` tile of O. It forms the intra
+part first (the A and V loads go out before the K loop), then adds the inter part over K blocks of
+BK with the scale folded into the query factor, so one accumulator takes both dots. HBM: q, Γ, A,
+the ``K × BV`` slice of S_n (float32: the bulk of the bytes), the ``C × BV`` tile of V read; O
+written once. Both block sizes are autotuned: BV = V reads q, Γ and A once per chunk, BK = K
+issues all loads of the inter part at once.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import block, block_configs
+from gla_ref.triton._common import autotune_configs
 from gla_ref.triton._tiles import (
     block_range,
     chunk_tokens,
@@ -28,8 +32,15 @@ from gla_ref.triton._tiles import (
 from gla_ref.triton.chunk_state import _precision, prune_blocks
 
 
-@triton.autotune(configs=block_configs("BV"), key=["K", "V", "T_BUCKET", "C"],
-                 prune_configs_by=prune_blocks(BV="V"))
+def _configs():
+    # BK ≥ 64: several dots go into one tile (triton-lang/triton#11366)
+    return autotune_configs([triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s)
+                             for bk, bv, w, s in ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 2), (128, 128, 8, 2),
+                                                  (64, 32, 4, 2))])
+
+
+@triton.autotune(configs=_configs(), key=["K", "V", "T_BUCKET", "C"],
+                 prune_configs_by=prune_blocks(BK="K", BV="V"))
 @triton.jit
 def chunk_output_kernel(q, v, gc, h, A, o, scale, T, T_BUCKET, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
@@ -43,18 +54,16 @@ def chunk_output_kernel(q, v, gc, h, A, o, scale, T, T_BUCKET, H: tl.constexpr,
     base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
     p_h = h + (i_bh.to(tl.int64) * NT + i_n) * K * V
 
-    b_o = tl.zeros([C, BV], dtype=tl.float32)
+    b_A = load_causal_A(A, i_b, i_h, t, m_t, o_t, T, H, C)
+    b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
+    b_o = tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)
     for i_k in range(tl.cdiv(K, BK)):
         o_k, m_k = block_range(i_k, BK, K)
         b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K)
         b_g = tl.load(gc + base_k + t_c[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
         b_h = load_rows(p_h, o_k, m_k, o_v, m_v, V)
-        b_qt = (b_q * tl.exp(b_g)).to(b_q.dtype)
+        b_qt = (b_q * (tl.exp(b_g) * scale)).to(b_q.dtype)
         b_o += tl.dot(b_qt, b_h.to(b_q.dtype), input_precision=PREC)
-
-    b_A = load_causal_A(A, i_b, i_h, t, m_t, o_t, T, H, C)
-    b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
-    b_o = b_o * scale + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)
     store_rows(o + base_v, b_o, t, m_t, o_v, m_v, H * V)
 
 
@@ -65,5 +74,5 @@ def chunk_output(q, v, gc, h, A, scale: float, chunk_size: int) -> torch.Tensor:
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
     grid = lambda meta: (triton.cdiv(V, meta["BV"]), triton.cdiv(T, chunk_size), B * H)
     chunk_output_kernel[grid](q, v, gc, h, A, o, scale, T, T_BUCKET=triton.next_power_of_2(T), H=H,
-                              K=K, V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(q))
+                              K=K, V=V, C=chunk_size, PREC=_precision(q))
     return o

@@ -1,0 +1,143 @@
+"""The intra-chunk part of the chunk GLA dq and dk, by secondary-level chunking (paper §4.3, Fig. 3).
+
+Inside chunk n, with dA = scale · (dO Vᵀ) ⊙ M from :func:`chunk_backward.chunk_bwd_dA` and Γ the
+chunk-local cumulative gate, the intra-chunk gradients are
+
+    dq_r = Σ_{s ≤ r} dA[r, s] · k_s ⊙ exp(Γ_r − Γ_s),
+    dk_s = Σ_{r ≥ s} dA[r, s] · q_r ⊙ exp(Γ_r − Γ_s).
+
+The chunk is cut into sub-chunks of c tokens. For query sub-chunk i and an earlier key sub-chunk j
+the exponent splits at Γ_f, f the first row of i (both factors ≤ 0):
+
+    dq_i += (dA_ij (K_j ⊙ exp(Γ_f − Γ_j))) ⊙ exp(Γ_i − Γ_f),
+
+one c × c by c × BK tensor-core matmul per j; dk of key sub-chunk i from a later sub-chunk j splits
+at Γ_e, e the last row of i. The diagonal c × c tile of each sub-chunk has no split point: it runs
+in float32 log space, one column j at a time, and one exponential serves both sides, since for a row
+r of the tile and its column j, ``Γ_r − Γ_j ≤ 0`` when r ≥ j (dq) and ``Γ_j − Γ_r ≤ 0`` when r ≤ j (dk).
+
+Grid ``(⌈K/BK⌉ · C/c, ⌈T/C⌉, B·H)``: a program owns sub-chunk i of one chunk and one key block, i.e.
+the ``c × BK`` tiles of dq and dk. HBM: the rows of dA touching sub-chunk i (c × C and C × c), and
+q, k, Γ of the chunk's ``C × BK`` block read; dq, dk written once in float32 for the inter-chunk
+kernel to add to.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gla_ref.triton._common import autotune_configs, block
+from gla_ref.triton._tiles import block_range, load_rows, store_rows
+from gla_ref.triton.chunk_intra import SUB_CHUNK
+from gla_ref.triton.chunk_state import _precision
+
+
+def _configs():
+    # UNROLL: how far the diagonal loop is unrolled (more independent loads in flight, more registers)
+    return autotune_configs([triton.Config({"UNROLL": u}, num_warps=w, num_stages=s)
+                             for w, s, u in ((4, 2, 1), (4, 2, 4), (4, 2, 16), (8, 2, 1), (8, 2, 4), (8, 2, 16),
+                                             (2, 2, 1))])
+
+
+@triton.jit
+def _gate_rows(p_g, t, T, o_k, m_k, HK: tl.constexpr):
+    """Γ at tokens ``t`` (a tile; rows past T repeat the last real row, so exponents stay ≤ 0)."""
+    return tl.load(p_g + tl.minimum(t, T - 1)[:, None] * HK + o_k[None, :], mask=m_k[None, :], other=0.0)
+
+
+@triton.jit
+def _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, i_n, i_i, T, o_k, m_k, H: tl.constexpr,
+                K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """dq of sub-chunk i from the key sub-chunks j < i, split at Γ_f (f: first row of i)."""
+    o_c = tl.arange(0, c)
+    g_f = tl.load(gc + base_k + tl.minimum(i_n * C + i_i * c, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)
+    b_dq = tl.zeros([c, BK], dtype=tl.float32)
+    for j in range(i_i):
+        t_j = i_n * C + j * c + o_c
+        b_kj = load_rows(k + base_k, t_j, t_j < T, o_k, m_k, H * K)
+        b_kt = b_kj * tl.exp(g_f[None, :] - _gate_rows(gc + base_k, t_j, T, o_k, m_k, H * K))
+        b_dA = tl.load(dA + base_A + t[:, None] * (H * C) + (j * c + o_c)[None, :], mask=m_t[:, None], other=0.0)
+        b_dq += tl.dot(b_dA.to(b_kj.dtype), b_kt.to(b_kj.dtype), input_precision=PREC)
+    return b_dq * tl.exp(b_g - g_f[None, :])
+
+
+@triton.jit
+def _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H: tl.constexpr,
+              K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """dk of sub-chunk i from the query sub-chunks j > i, split at Γ_e (e: last real row of i)."""
+    o_c = tl.arange(0, c)
+    g_e = tl.load(gc + base_k + (tl.minimum(i_n * C + i_i * c + c, T) - 1) * (H * K) + o_k, mask=m_k, other=0.0)
+    b_dk = tl.zeros([c, BK], dtype=tl.float32)
+    for j in range(i_i + 1, C // c):
+        t_j = i_n * C + j * c + o_c
+        m_j = t_j < T
+        b_qj = load_rows(q + base_k, t_j, m_j, o_k, m_k, H * K)
+        b_qt = b_qj * tl.exp(_gate_rows(gc + base_k, t_j, T, o_k, m_k, H * K) - g_e[None, :])
+        # dA_jiᵀ: element [s, p] = dA[p, s], s in sub-chunk i, p in j
+        b_dAt = tl.load(dA + base_A + t_j[None, :] * (H * C) + r[:, None], mask=m_j[None, :], other=0.0)
+        b_dk += tl.dot(b_dAt.to(b_qj.dtype), b_qt.to(b_qj.dtype), input_precision=PREC)
+    return b_dk * tl.exp(g_e[None, :] - b_g)
+
+
+@triton.jit
+def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, r, b_g, i_n, i_i, T, o_k, m_k,
+                   H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, UNROLL: tl.constexpr):
+    """Adds the diagonal tile, one column j at a time in float32:
+    dq_r += dA[r, j] k_j e_rj for r ≥ j and dk_r += dA[j, r] q_j e_rj for r ≤ j, e_rj = exp(−|Γ_r − Γ_j|)."""
+    o_c = tl.arange(0, c)
+    for j in tl.range(c, loop_unroll_factor=UNROLL):
+        t_j = i_n * C + i_i * c + j
+        real = t_j < T                       # else a padding row: read at T − 1, zeroed by tl.where
+        p_j = base_k + tl.minimum(t_j, T - 1) * (H * K) + o_k
+        b_kj = tl.where(real, tl.load(k + p_j, mask=m_k, other=0.0).to(tl.float32), 0.0)
+        b_qj = tl.where(real, tl.load(q + p_j, mask=m_k, other=0.0).to(tl.float32), 0.0)
+        b_gj = tl.load(gc + p_j, mask=m_k, other=0.0)
+        dA_rj = tl.load(dA + base_A + t * (H * C) + i_i * c + j, mask=m_t, other=0.0)
+        dA_jr = tl.where(real, tl.load(dA + base_A + tl.minimum(t_j, T - 1) * (H * C) + r), 0.0)
+        lower = (o_c >= j)[:, None]
+        diff = b_g - b_gj[None, :]
+        b_e = tl.exp(tl.where(lower, diff, -diff))   # one exponential, ≤ 0 on both sides of the diagonal
+        b_dq += tl.where(lower, dA_rj[:, None] * b_kj[None, :] * b_e, 0.0)
+        b_dk += tl.where((o_c <= j)[:, None], dA_jr[:, None] * b_qj[None, :] * b_e, 0.0)
+    return b_dq, b_dk
+
+
+@triton.autotune(configs=_configs(), key=["K", "T_BUCKET", "C"])
+@triton.jit
+def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr,
+                           C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, UNROLL: tl.constexpr,
+                           PREC: tl.constexpr):
+    i_ki, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k, i_i = i_ki // (C // c), i_ki % (C // c)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, c)
+    r = i_i * c + o_c                        # this sub-chunk's rows, inside the chunk
+    t = i_n * C + r
+    m_t = t < T
+    o_k, m_k = block_range(i_k, BK, K)
+    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
+    base_A = (i_b.to(tl.int64) * T * H + i_h) * C
+    b_g = _gate_rows(gc + base_k, t, T, o_k, m_k, H * K)
+
+    b_dq = _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
+    b_dk = _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
+
+    b_dq, b_dk = _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, r, b_g, i_n, i_i, T,
+                                o_k, m_k, H, K, C, c, UNROLL)
+    store_rows(dq + base_k, b_dq, t, m_t, o_k, m_k, H * K)
+    store_rows(dk + base_k, b_dk, t, m_t, o_k, m_k, H * K)
+
+
+def chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size: int):
+    """The intra-chunk dq, dk ``[B, T, H, K]`` in float32, from dA ``[B, T, H, C]`` (scale and mask included)."""
+    B, T, H, K = q.shape
+    c = min(SUB_CHUNK, chunk_size)
+    BK = min(64, block(K))
+    dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    dk = torch.empty_like(dq)
+    grid = (triton.cdiv(K, BK) * (chunk_size // c), triton.cdiv(T, chunk_size), B * H)
+    chunk_bwd_intra_kernel[grid](q, k, gc, dA, dq, dk, T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
+                                 C=chunk_size, c=c, BK=BK, PREC=_precision(q))
+    return dq, dk
