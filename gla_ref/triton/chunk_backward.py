@@ -6,7 +6,7 @@
 
 Grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``; HBM: A, dO, k, Γ and a ``K × BV`` slice of dS_{n+1} read, dv written.
 
-**dA** (one kernel). dA = scale · (dO Vᵀ) ⊙ M, the cotangent of A, stored in float32
+**dA** (one kernel). dA = scale · (dO Vᵀ) ⊙ M, the cotangent of A / scale (A includes the scale), stored in float32
 ``[B, T, H, C]`` like A (zeros above the diagonal). Grid ``(⌈T/C⌉, B·H)``; HBM: dO and v read once.
 
 **Intra-chunk dq, dk** (:mod:`chunk_backward_intra`): from dA, q, k and Γ by sub-chunks, written in
@@ -178,10 +178,15 @@ def chunk_bwd_dA(v, do, scale: float, chunk_size: int) -> torch.Tensor:
 
 def chunk_bwd_dqkg(q, k, v, gc, h, dh, do, scale: float, chunk_size: int, g_dtype):
     """dq, dk (q's dtype) and dg (``g_dtype``): dA, then the intra-chunk and the inter-chunk kernels."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
     dA = chunk_bwd_dA(v, do, scale, chunk_size)
     dq_intra, dk_intra = chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size)
+    return chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale, chunk_size, g_dtype)
+
+
+def chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, g_dtype):
+    """The last step alone: the inter-chunk dq, dk added to the float32 intra-chunk parts, and dg."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=g_dtype, device=q.device)
     grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(T, chunk_size), B * H)
