@@ -1,6 +1,6 @@
 """Execute every chapter notebook with nbclient on this machine and record how each one ran.
 
-``python benchmarks/run_notebooks.py [NOTEBOOK ...]`` (default: notebooks/[0-9]*.ipynb) executes each
+``python benchmarks/run_notebooks.py [NOTEBOOK ...] [--allow-errors]`` (default: notebooks/[0-9]*.ipynb) executes each
 notebook in a fresh kernel from its first cell (the committed outputs are replaced, the files on disk are
 not touched), and writes ``benchmarks/results/notebooks_<device>.json``: per notebook, ok or the failing
 cell's error, the wall time, and what the setup cell printed about the device. It is how the chapters are
@@ -24,10 +24,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def execute(path: pathlib.Path, timeout_s: int = 600) -> dict:
-    """Run one notebook top to bottom; ok, wall seconds, the first output line of the setup cell."""
+def execute(path: pathlib.Path, timeout_s: int = 600, allow_errors: bool = False) -> dict:
+    """Run one notebook top to bottom; ok, wall seconds, the first output line of the setup cell.
+    With ``allow_errors`` every cell runs and each failing cell's error is listed."""
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+    client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=allow_errors,
                                      resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     try:
@@ -35,6 +36,9 @@ def execute(path: pathlib.Path, timeout_s: int = 600) -> dict:
         status = {"ok": True}
     except nbclient.exceptions.CellExecutionError as err:
         status = {"ok": False, "error": str(err).strip().splitlines()[-1][:300]}
+    failed = [(i, o) for i, c in enumerate(nb.cells) for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    if failed:
+        status = {"ok": False, "errors": [f"cell {i}: {o['ename']}: {o['evalue'][:300]}" for i, o in failed]}
     status["wall_s"] = round(time.perf_counter() - start, 1)
     setup = next((c for c in nb.cells if c.cell_type == "code"), None)
     streams = [o.get("text", "") for o in (setup.outputs if setup else []) if o.get("output_type") == "stream"]
@@ -43,11 +47,12 @@ def execute(path: pathlib.Path, timeout_s: int = 600) -> dict:
 
 
 def main():
-    paths = [pathlib.Path(p) for p in sys.argv[1:]] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    args = [a for a in sys.argv[1:] if a != "--allow-errors"]
+    paths = [pathlib.Path(p) for p in args] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
     env = bench.environment()
     runs = {}
     for path in paths:
-        runs[path.name] = execute(path.resolve())
+        runs[path.name] = execute(path.resolve(), allow_errors="--allow-errors" in sys.argv)
         print(path.name, runs[path.name], flush=True)
     slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
     out = RESULTS / f"notebooks_{slug}.json"

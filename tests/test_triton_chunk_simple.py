@@ -126,6 +126,26 @@ def test_simple_matches_chunk_gla_with_broadcast_gate():
     assert_close("dg", g_full.grad.sum(-1), g.grad, TOL[F32])
 
 
+def test_dg_sums_only_the_partials_the_chosen_config_wrote(monkeypatch):
+    """While autotuning, every BK config writes its key-block partials of dg into one buffer; rows that
+    the chosen config does not write hold stale values (NaN here) and must not enter the sum."""
+    K = 100  # room for four key blocks (BK = 32); BK = 64 writes two rows, BK = 128 one
+
+    def stale(B, T, H, K_, dev):
+        return torch.full(((K_ + 31) // 32, B, T, H), float("nan"), device=dev)
+
+    monkeypatch.setattr(simple_module, "dg_partials", stale)
+    x = as_torch(random_inputs(1, 40, 2, K, 24, "scalar"), device=DEV)
+    g = x["g"].clone().requires_grad_()
+    o, _ = chunk_simple_gla(x["q"], x["k"], x["v"], g, chunk_size=16)
+    do = torch.randn_like(o)
+    o.backward(do)
+    g64 = x["g"].double().requires_grad_()
+    o_ref, _ = recurrent_gla(x["q"].double(), x["k"].double(), x["v"].double(), g64)
+    o_ref.backward(do.double())
+    assert_close("dg", g64.grad, g.grad, TOL[F32])
+
+
 # ----------------------------------------------------------------------------- bad input
 
 def _good(B=1, T=3, H=2, K=8, V=8):

@@ -213,13 +213,25 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         simple_bwd_dv_kernel[grid](q, k, gc, dh, do, dv, scale, T, BK=min(64, block(K)), **meta)
         store_dg = ctx.g_dtype is not None
         dq, dk = torch.empty_like(q), torch.empty_like(k)
-        NK_max = triton.cdiv(K, 32)  # the smallest BK of the configs: room for every K block's partial
-        dg = torch.zeros(NK_max, B, T, H, dtype=torch.float32, device=q.device) if store_dg else None
+        dg = dg_partials(B, T, H, K, q.device) if store_dg else None
         grid = lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(T, C), B * H)
         simple_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, B=B,
                                      BV=min(64, block(V)), STORE_DG=store_dg, **meta)
-        dg = dg.sum(0).to(ctx.g_dtype) if store_dg else None
+        dg = sum_dg_partials(dg, K).to(ctx.g_dtype) if store_dg else None
         return dq, dk, dv, dg, None, None, dh0, None, None
+
+
+def dg_partials(B, T, H, K, device) -> torch.Tensor:
+    """Room for one float32 partial of dg ``[B, T, H]`` per key block, for the smallest BK of the configs."""
+    return torch.empty(triton.cdiv(K, 32), B, T, H, dtype=torch.float32, device=device)
+
+
+def sum_dg_partials(dg: torch.Tensor, K: int) -> torch.Tensor:
+    """dg summed over the key blocks of the config that ran last. Only its rows: while autotuning, Triton
+    launches every config on the same buffer, and a smaller BK leaves rows that the chosen one never
+    overwrites (on an H200 they made the bf16 dg wrong by 57 % at K = 100)."""
+    BK = simple_bwd_dqkg_kernel.best_config.kwargs["BK"]
+    return dg[: triton.cdiv(K, BK)].sum(0)
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state=None,
