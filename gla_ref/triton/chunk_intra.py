@@ -1,4 +1,4 @@
-"""Step 4 of chunk GLA: the intra-chunk matrix A by secondary-level chunking (paper §4.3, Fig. 3).
+"""Step 3 of the chunk GLA forward: the intra-chunk matrix A by secondary-level chunking (paper §4.3, Fig. 3).
 
 Inside chunk n (positions r, s = 0..C−1, Γ the chunk-local cumulative gate),
 

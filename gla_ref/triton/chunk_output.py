@@ -1,4 +1,4 @@
-"""Step 5 of chunk GLA: the output of each chunk from its entering state and its matrix A.
+"""Step 4 of the chunk GLA forward: the output of each chunk from its entering state and its matrix A.
 
     O_n = scale · (Q_n ⊙ exp Γ_n) S_n  +  (A_n ⊙ M) V_n
 

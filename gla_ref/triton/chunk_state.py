@@ -1,4 +1,5 @@
-"""Steps 2 and 3 of chunk GLA: the chunk-state recurrence and its reverse twin for dh.
+"""Step 2 of the chunk GLA forward, the chunk-state recurrence, and step 3 of its backward, the
+reverse twin for dh.
 
 Forward (paper Alg. 3, first loop). With Γ the chunk-local cumulative gate and γ = Γ[C−1]:
 
