@@ -69,20 +69,20 @@ def main():
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
     B, H, K, V = 8, 16, 128, 128
+    env = bench.environment()
+    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    path = args.out or RESULTS / f"chunk_profile_{slug}.json"
     rows = []
     for T in args.T:
         inputs = make_inputs(B, T, H, K, V, "gla")
         for name, fn in implementations().items():
             kernels = kernel_times(fn, inputs, args.steps)
             rows.append({"T": T, "name": name, "total_ms": sum(kernels.values()), "kernels_ms": kernels})
-            print(f"\nT={T} {name}: {sum(kernels.values()):.3f} ms per fwd+bwd step")
+            print(f"\nT={T} {name}: {sum(kernels.values()):.3f} ms per fwd+bwd step", flush=True)
             for kname, ms in kernels.items():
                 print(f"  {ms:8.3f} ms  {kname[:100]}")
-    env = bench.environment()
-    result = {"env": env, "shape": {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16"}, "rows": rows}
-    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
-    path = args.out or RESULTS / f"chunk_profile_{slug}.json"
-    path.write_text(json.dumps(result, indent=1))
+            result = {"env": env, "shape": {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16"}, "rows": rows}
+            path.write_text(json.dumps(result, indent=1))  # after every row: a run cut short keeps what it has
     print("wrote", path)
 
 
