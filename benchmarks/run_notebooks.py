@@ -1,10 +1,11 @@
 """Execute every chapter notebook with nbclient on this machine and record how each one ran.
 
-``python benchmarks/run_notebooks.py [NOTEBOOK ...] [--allow-errors]`` (default: notebooks/[0-9]*.ipynb) executes each
-notebook in a fresh kernel from its first cell (the committed outputs are replaced, the files on disk are
-not touched), and writes ``benchmarks/results/notebooks_<device>.json``: per notebook, ok or the failing
-cell's error, the wall time, and what the setup cell printed about the device. It is how the chapters are
-checked on a GPU; on a CPU, ``make test`` runs them through nbval instead.
+``python benchmarks/run_notebooks.py [NOTEBOOK ...] [--allow-errors]`` (default: notebooks/[0-9]*.ipynb)
+executes each notebook in a fresh kernel from its first cell (the committed outputs are replaced, the
+files on disk are not touched), and writes ``benchmarks/results/notebooks_<device>.json``: per notebook,
+ok or the errors of the failing cells (execution stops at the first unless ``--allow-errors``), the wall
+time, and what the setup cell printed about the device. It is how the chapters are checked on a GPU; on
+a CPU, ``make test`` runs them through nbval instead.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ def execute(path: pathlib.Path, timeout_s: int = 600, allow_errors: bool = False
     start = time.perf_counter()
     try:
         client.execute()
-        status = {"ok": True}
-    except nbclient.exceptions.CellExecutionError as err:
-        status = {"ok": False, "error": str(err).strip().splitlines()[-1][:300]}
-    failed = [(i, o) for i, c in enumerate(nb.cells) for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    if failed:
-        status = {"ok": False, "errors": [f"cell {i}: {o['ename']}: {o['evalue'][:300]}" for i, o in failed]}
+        raised = None
+    except Exception as err:  # a failing cell, a timeout, or a kernel that would not start: recorded, not raised
+        raised = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300] if str(err).strip() else ''}"
+    failed = [f"cell {i}: {o['ename']}: {o['evalue'][:300]}"
+              for i, c in enumerate(nb.cells) for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = failed or ([raised] if raised else [])
+    status = {"ok": not errors, **({"errors": errors} if errors else {})}
     status["wall_s"] = round(time.perf_counter() - start, 1)
     setup = next((c for c in nb.cells if c.cell_type == "code"), None)
     streams = [o.get("text", "") for o in (setup.outputs if setup else []) if o.get("output_type") == "stream"]

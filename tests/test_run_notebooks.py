@@ -1,0 +1,36 @@
+"""benchmarks/run_notebooks.py: a notebook that runs is ok, a failing cell is reported (with
+--allow-errors, every failing cell), and the setup cell's device line is recorded."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import nbformat
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "run_notebooks.py"
+spec = importlib.util.spec_from_file_location("run_notebooks", SCRIPT)
+rn = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rn)
+
+
+def _notebook(tmp_path, *sources):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_clean_notebook_is_ok_and_its_device_line_recorded(tmp_path):
+    status = rn.execute(_notebook(tmp_path, "print('setup')\nprint('CPU: here')", "x = 1 + 1\nassert x == 2"))
+    assert status["ok"] and status["device_line"] == "CPU: here" and status["wall_s"] >= 0
+
+
+def test_failing_cells_are_reported(tmp_path):
+    path = _notebook(tmp_path, "print('dev')", "assert 1 == 2, 'first'", "raise ValueError('second')")
+    stop_at_first = rn.execute(path)
+    assert not stop_at_first["ok"] and len(stop_at_first["errors"]) == 1 and "first" in stop_at_first["errors"][0]
+    every = rn.execute(path, allow_errors=True)
+    assert not every["ok"] and len(every["errors"]) == 2
+    assert "AssertionError: first" in every["errors"][0] and "ValueError: second" in every["errors"][1]
