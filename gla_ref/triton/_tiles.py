@@ -57,9 +57,11 @@ def load_causal_A(A, i_b, i_h, t, m_t, o_t, T, H: tl.constexpr, C: tl.constexpr)
 
 @triton.jit
 def inter_chunk_dqk(v, do, h, dh, base_v, p_state, t, m_t, o_k, m_k, H: tl.constexpr, V: tl.constexpr,
-                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    """The V loop of the dq/dk/dg kernels: dA = dO Vᵀ (unmasked), dO S_nᵀ and V dS_{n+1}ᵀ (before
-    their gate factors), and Σ_v S_n ⊙ dS_{n+1} per key (for the chunk-decay gradient dγ)."""
+                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                    WITH_DA: tl.constexpr):
+    """The V loop of the dq/dk/dg kernels: dO S_nᵀ and V dS_{n+1}ᵀ (before their gate factors),
+    Σ_v S_n ⊙ dS_{n+1} per key (for the chunk-decay gradient dγ), and with ``WITH_DA`` dA = dO Vᵀ
+    (unmasked) from the same tiles (zeros otherwise)."""
     b_dA = tl.zeros([C, C], dtype=tl.float32)
     b_dq = tl.zeros([C, BK], dtype=tl.float32)
     b_dk = tl.zeros([C, BK], dtype=tl.float32)
@@ -73,7 +75,8 @@ def inter_chunk_dqk(v, do, h, dh, base_v, p_state, t, m_t, o_k, m_k, H: tl.const
         p_kv = p_state + o_k[:, None] * V + o_v[None, :]
         b_h = tl.load(h + p_kv, mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_dh = tl.load(dh + p_kv, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+        if WITH_DA:
+            b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
         b_dq += tl.dot(b_do, tl.trans(b_h.to(b_do.dtype)), input_precision=PREC)
         b_dk += tl.dot(b_v, tl.trans(b_dh.to(b_v.dtype)), input_precision=PREC)
         b_hdh += tl.sum(b_h * b_dh, axis=1)

@@ -39,6 +39,7 @@ from gla_ref.triton._common import autotune_configs, block, block_configs
 from gla_ref.triton._tiles import (
     block_range,
     chunk_tokens,
+    inter_chunk_dqk,
     load_causal_A,
     load_rows,
     reverse_cumsum,
@@ -104,26 +105,6 @@ def chunk_bwd_dA_kernel(v, do, dA, scale, T, T_BUCKET, H: tl.constexpr, V: tl.co
     store_rows(dA + (i_b.to(tl.int64) * T * H + i_h) * C, b_dA, t, m_t, o_t, o_t < C, H * C)
 
 
-@triton.jit
-def _state_products(p_v, p_do, p_h, p_dh, t, m_t, o_k, m_k, H: tl.constexpr, V: tl.constexpr,
-                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    """The V loop over one head's v, dO (from token 0) and one chunk's S_n, dS_{n+1}: dO S_nᵀ and V dS_{n+1}ᵀ
-    (before their gate factors), and Σ_v S_n ⊙ dS_{n+1} per key."""
-    b_dq = tl.zeros([C, BK], dtype=tl.float32)
-    b_dk = tl.zeros([C, BK], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v, m_v = block_range(i_v, BV, V)
-        b_v = load_rows(p_v, t, m_t, o_v, m_v, H * V)
-        b_do = load_rows(p_do, t, m_t, o_v, m_v, H * V)
-        b_h = load_rows(p_h, o_k, m_k, o_v, m_v, V)
-        b_dh = load_rows(p_dh, o_k, m_k, o_v, m_v, V)
-        b_dq += tl.dot(b_do, tl.trans(b_h.to(b_do.dtype)), input_precision=PREC)
-        b_dk += tl.dot(b_v, tl.trans(b_dh.to(b_v.dtype)), input_precision=PREC)
-        b_hdh += tl.sum(b_h * b_dh, axis=1)
-    return b_dq, b_dk, b_hdh
-
-
 @triton.autotune(configs=_dqkg_configs(), key=["K", "V", "T_BUCKET", "C"],
                  prune_configs_by=prune_blocks(BK="K", BV="V"))
 @triton.jit
@@ -139,8 +120,8 @@ def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg
     base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
     p_state = (i_bh.to(tl.int64) * NT + i_n) * K * V
 
-    b_dq, b_dk, b_hdh = _state_products(v + base_v, do + base_v, h + p_state, dh + p_state, t, m_t, o_k, m_k,
-                                        H, V, C, BK, BV, PREC)
+    _, b_dq, b_dk, b_hdh = inter_chunk_dqk(v, do, h, dh, base_v, p_state, t, m_t, o_k, m_k,
+                                           H, V, C, BK, BV, PREC, WITH_DA=False)
     b_g = tl.load(gc + base_k + t_c[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
     g_last = tl.load(gc + base_k + t_last * (H * K) + o_k, mask=m_k, other=0.0)
     b_dk *= tl.exp(g_last[None, :] - b_g)

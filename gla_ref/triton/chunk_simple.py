@@ -157,7 +157,7 @@ def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKE
     g_last = tl.load(g_base + (tl.minimum(i_n * C + C, T) - 1) * H)
 
     b_dA, b_dq, b_dk, b_hdh = inter_chunk_dqk(v, do, h, dh, base_v, p_state, t, m_t, o_k, m_k,
-                                              H, V, C, BK, BV, PREC)
+                                              H, V, C, BK, BV, PREC, WITH_DA=True)
     b_dq *= (tl.exp(b_g) * scale)[:, None]
     b_dk *= tl.exp(g_last - b_g)[:, None]
     # γ, the chunk's total decay, collects the state terms (see chunk_backward); its dk term is dk_inter
