@@ -4,12 +4,13 @@
 executes each notebook in a fresh kernel from its first cell (the committed outputs are replaced, the
 files on disk are not touched), and writes ``benchmarks/results/notebooks_<device>.json``: per notebook,
 ok or the errors of the failing cells (execution stops at the first unless ``--allow-errors``), the wall
-time, and what the setup cell printed about the device. It is how the chapters are checked on a GPU; on
+time with its slowest cells, and what the setup cell printed about the device. It is how the chapters are checked on a GPU; on
 a CPU, ``make test`` runs them through nbval instead.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import pathlib
 import re
@@ -42,10 +43,23 @@ def execute(path: pathlib.Path, timeout_s: int = 600, allow_errors: bool = False
     errors = failed or ([raised] if raised else [])
     status = {"ok": not errors, **({"errors": errors} if errors else {})}
     status["wall_s"] = round(time.perf_counter() - start, 1)
+    status["slowest_cells"] = slowest_cells(nb)
     setup = next((c for c in nb.cells if c.cell_type == "code"), None)
     streams = [o.get("text", "") for o in (setup.outputs if setup else []) if o.get("output_type") == "stream"]
     status["device_line"] = "".join(streams).strip().splitlines()[-1] if any(streams) else ""
     return status
+
+
+def slowest_cells(nb, n: int = 3) -> dict:
+    """Seconds of the ``n`` slowest code cells, from the timing nbclient records in each cell's metadata."""
+    seconds = {}
+    for i, cell in enumerate(nb.cells):
+        run = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in run and "shell.execute_reply" in run:
+            start, end = (datetime.datetime.fromisoformat(run[k].replace("Z", "+00:00"))
+                          for k in ("iopub.execute_input", "shell.execute_reply"))
+            seconds[f"cell {i}"] = round((end - start).total_seconds(), 1)
+    return dict(sorted(seconds.items(), key=lambda kv: -kv[1])[:n])
 
 
 def main():

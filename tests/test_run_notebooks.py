@@ -27,6 +27,12 @@ def test_a_clean_notebook_is_ok_and_its_device_line_recorded(tmp_path):
     assert status["ok"] and status["device_line"] == "CPU: here" and status["wall_s"] >= 0
 
 
+def test_the_slowest_cell_is_named_with_its_seconds(tmp_path):
+    status = rn.execute(_notebook(tmp_path, "print('dev')", "import time; time.sleep(0.6)", "y = 2"))
+    (first, seconds), *_ = status["slowest_cells"].items()
+    assert first == "cell 1" and 0.6 <= seconds < 5 and len(status["slowest_cells"]) == 3
+
+
 def test_failing_cells_are_reported(tmp_path):
     path = _notebook(tmp_path, "print('dev')", "assert 1 == 2, 'first'", "raise ValueError('second')")
     stop_at_first = rn.execute(path)
