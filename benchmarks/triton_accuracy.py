@@ -46,6 +46,25 @@ def run(fn, x, do, dht):
     return [o, ht] + [next(grads) if t.requires_grad else None for t in leaves]
 
 
+def inputs(gate, shape, dtype, device):
+    """Seeded inputs ``(B, T, H, K, V)`` in ``dtype`` and in float64 (both leaves), and the float64
+    cotangents of o and the final state."""
+    raw = testing.random_inputs(*shape, gate=gate, seed=1, tau=16.0, initial_state=True)
+    x, x64 = (testing.as_torch(raw, dtype=dt, device=device, requires_grad=True) for dt in (dtype, torch.float64))
+    if gate == "const":  # g_gamma is a fixed hyper-parameter of the kernel
+        x["g"].requires_grad_(False)
+        x64["g"].requires_grad_(False)
+    gen = torch.Generator(device=device).manual_seed(2)
+    do = torch.randn(x["v"].shape, device=device, dtype=torch.float64, generator=gen)
+    dht = torch.randn(x["initial_state"].shape, device=device, dtype=torch.float64, generator=gen)
+    return x, x64, do, dht
+
+
+def errors(ref, out) -> dict:
+    """Relative RMSE of each output and gradient against the reference (None where either is absent)."""
+    return {n: (None if r is None or o is None else testing.rel_rmse(r, o)) for n, r, o in zip(NAMES, ref, out)}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("kernels", nargs="*", metavar="KERNEL", help=f"any of {', '.join(KERNELS)}")
@@ -65,20 +84,10 @@ def main():
         gate, fn = KERNELS[name]
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for shape in SHAPES:
-                raw = testing.random_inputs(*shape, gate=gate, seed=1, tau=16.0, initial_state=True)
-                x = testing.as_torch(raw, dtype=dtype, device="cuda", requires_grad=True)
-                if gate == "const":  # g_gamma is a fixed hyper-parameter of the kernel
-                    x["g"].requires_grad_(False)
-                gen = torch.Generator(device="cuda").manual_seed(2)
-                do = torch.randn(x["v"].shape, device="cuda", dtype=torch.float64, generator=gen)
-                dht = torch.randn(x["initial_state"].shape, device="cuda", dtype=torch.float64, generator=gen)
+                x, x64, do, dht = inputs(gate, shape, dtype, "cuda")
                 if (gate, shape) not in refs:  # the float64 reference depends on the inputs only
-                    x64 = testing.as_torch(raw, dtype=torch.float64, device="cuda", requires_grad=True)
                     refs[gate, shape] = run(torch_ref.chunk_gla, x64, do, dht)
-                ref = refs[gate, shape]
-                out = run(fn, x, do, dht.float())
-                errs = {n: (None if r is None or o is None else testing.rel_rmse(r, o))
-                        for n, r, o in zip(NAMES, ref, out)}
+                errs = errors(refs[gate, shape], run(fn, x, do, dht.float()))
                 rows.append({"kernel": name, "dtype": str(dtype).replace("torch.", ""), "shape": shape, **errs})
                 print(rows[-1], flush=True)
                 path.write_text(json.dumps({"env": env, "rows": rows}, indent=1))  # kept if a run is cut short
