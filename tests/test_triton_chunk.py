@@ -59,9 +59,12 @@ def _cases():
         Case(F32, 1, 19, 1, 100, 72, C=16),  # K = 100: a partial second key block of 64
         Case(F16, 1, 19, 1, 20, 24, gate_dtype=F16),  # 16-bit gates: dg comes back in fp16
         Case(F32, 1, 70, 1, 20, 24, tau=0.05),  # gates near -14 per token: Γ reaches ~-900 in a chunk
+        Case(F32, 1, 70, 1, 64, 256, C=32),  # V = 256, the largest value dimension
     ]
     if CUDA:
         cases += [Case(F32, 4, 4096, 8, 128, 128, tol=TOL_LONG), Case(BF16, 4, 4096, 8, 128, 128, tol=TOL_LONG)]
+        cases += [Case(dtype, 2, 1000, 2, 64, 256) for dtype in (F16, BF16)]  # V = 256, partial last chunk
+        cases += [Case(BF16, 1, 200, 2, 256, 64)]  # K = 256
     return cases
 
 

@@ -60,9 +60,13 @@ def _cases():
         Case(F32, 1, 70, 1, 24, 20, C=32, final=False),  # three chunks, the last partial
         Case(F16, 1, 70, 1, 24, 20, gates="gamma", h0=False),
         Case(F16, 1, 40, 1, 72, 40, C=32),  # K = 72: key blocks of 64 and a partial one
+        Case(F32, 1, 70, 1, 64, 256, C=32, gates="gamma"),  # V = 256, the largest value dimension
     ]
     if CUDA:
         cases += [Case(dtype, 4, 4096, 8, 128, 128, tol=TOL_LONG) for dtype in (F32, BF16)]
+        # V = 256 with a partial last chunk: Triton 3.6 faulted here (illegal address) in half precision
+        cases += [Case(dtype, 2, 1000, 2, 64, 256, gates=gates) for dtype in (F16, BF16) for gates in ("scalar", "gamma")]
+        cases += [Case(BF16, 1, 200, 2, 256, 64)]  # K = 256
     return cases
 
 

@@ -1,0 +1,136 @@
+"""Every autotune config of the Triton kernels behind one call, one at a time: which ones fault.
+
+Autotuning launches every config of a kernel, so a single config that faults (an illegal memory
+access) or computes wrong numbers brings the whole call down, whichever config would have won.
+This script isolates them. For each autotuned kernel that the call launches and each of its
+configs, a fresh process pins that kernel to that config and every other kernel to its first
+config, runs ``--steps`` forward+backward calls, and compares the last one with the float64
+reference (a fault kills only that process).
+
+    python benchmarks/triton_config_sweep.py "chunk_simple_gla[g_gamma]" --dtype bfloat16 \\
+        --shape 2 1000 2 64 256 [--steps 400] [--jobs 4] [--out PATH]
+
+KERNEL is a name of ``triton_accuracy.KERNELS``. Writes
+``benchmarks/results/triton_config_sweep_<device>.json`` (or PATH): one row per (kernel, config)
+with ``ok``, ``fault`` or ``timeout``, the seconds taken and the relative errors. Without a GPU the
+kernels run in the interpreter, where every kernel has one config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def autotuned() -> dict:
+    """Every autotuned kernel of gla_ref.triton by ``module.kernel`` name."""
+    import importlib
+    import pkgutil
+
+    import gla_ref.triton as package  # first: it selects the interpreter on a machine without CUDA
+    from triton.runtime.autotuner import Autotuner
+
+    found = {}
+    for module in pkgutil.iter_modules(package.__path__):
+        namespace = vars(importlib.import_module(f"{package.__name__}.{module.name}"))
+        found.update({f"{module.name}.{n}": obj for n, obj in namespace.items() if isinstance(obj, Autotuner)})
+    return found
+
+
+def describe(config) -> dict:
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def worker(kernel_name, dtype, shape, steps, pinned, index):
+    """Pin, run ``steps`` calls, print one JSON line: the kernels launched, then the errors."""
+    import time
+
+    import torch
+
+    import triton_accuracy as acc
+    from gla_ref import device, torch_ref
+
+    tuned = autotuned()
+    launched = []
+    for name, kernel in tuned.items():
+        kernel.configs = [kernel.configs[index if name == pinned else 0]]
+        kernel.run = (lambda run, name: lambda *a, **kw: (launched.append(name), run(*a, **kw))[1])(kernel.run, name)
+    gate, fn = acc.KERNELS[kernel_name]
+    dev = "cuda" if device.has_cuda() else "cpu"
+    x, x64, do, dht = acc.inputs(gate, tuple(shape), getattr(torch, dtype), dev)
+    start = time.perf_counter()
+    for _ in range(steps - 1):
+        acc.run(fn, x, do, dht.float())
+    out = acc.run(fn, x, do, dht.float())
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    errs = acc.errors(acc.run(torch_ref.chunk_gla, x64, do, dht), out)
+    print(json.dumps({"launched": sorted(set(launched)), "seconds": round(seconds, 2), "errors": errs}))
+
+
+def run_worker(args, pinned="", index=0, timeout=120) -> dict:
+    """One worker process; its JSON line, or how it ended."""
+    cmd = [sys.executable, __file__, "--worker", pinned, str(index), args.kernel, "--dtype", args.dtype,
+           "--shape", *map(str, args.shape), "--steps", str(args.steps)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode == 0 and lines:
+        return {"status": "ok", **json.loads(lines[-1])}
+    tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or [f"exit code {proc.returncode}"]
+    return {"status": "fault", "error": tail[0][:300]}
+
+
+def sweep(args) -> list:
+    """A probe with every kernel at its first config finds the kernels launched; then one worker per config."""
+    probe = run_worker(args)
+    if probe["status"] != "ok":
+        raise SystemExit(f"the call fails with every kernel at its first config: {probe}")
+    counts = {name: len(kernel.configs) for name, kernel in autotuned().items()}
+    configs = {name: [describe(c) for c in kernel.configs] for name, kernel in autotuned().items()}
+    jobs = [(name, i) for name in probe["launched"] for i in range(counts[name])]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = pool.map(lambda job: run_worker(args, *job), jobs)
+        rows = [{"kernel": name, "config": configs[name][i], **res} for (name, i), res in zip(jobs, results)]
+    for row in rows:
+        row.pop("launched", None)
+        print(row["status"], row["kernel"], row["config"], row.get("seconds", ""), row.get("error", ""), flush=True)
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("kernel", help="a name of triton_accuracy.KERNELS, e.g. chunk_gla")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--shape", type=int, nargs=5, default=[2, 1000, 2, 64, 256], metavar=("B", "T", "H", "K", "V"))
+    p.add_argument("--steps", type=int, default=400, help="forward+backward calls per config")
+    p.add_argument("--jobs", type=int, default=4, help="worker processes at a time")
+    p.add_argument("--out", type=pathlib.Path)
+    p.add_argument("--worker", nargs=2, metavar=("KERNEL", "INDEX"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    if args.worker:
+        return worker(args.kernel, args.dtype, args.shape, args.steps, args.worker[0], int(args.worker[1]))
+    rows = sweep(args)
+    from gla_ref import bench  # after gla_ref.triton (sweep), which must be imported before triton
+
+    env = bench.environment()
+    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    out = args.out or RESULTS / f"triton_config_sweep_{slug}.json"
+    case = {"kernel": args.kernel, "dtype": args.dtype, "shape": args.shape, "steps": args.steps}
+    out.write_text(json.dumps({"env": env, "case": case, "rows": rows}, indent=1))
+    print(f"{sum(r['status'] == 'ok' for r in rows)} of {len(rows)} configs ok; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""benchmarks/triton_config_sweep.py: every config of every launched kernel gets its own process,
+a process that dies is reported as a fault, and the rows carry the errors against float64."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "triton_config_sweep.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("triton_config_sweep", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sweep_covers_every_launched_kernel(tmp_path):
+    out = tmp_path / "sweep.json"
+    subprocess.run([sys.executable, str(SCRIPT), "chunk_simple_gla[g]", "--dtype", "float32",
+                    "--shape", "1", "40", "2", "20", "24", "--steps", "2", "--jobs", "2", "--out", str(out)],
+                   check=True, capture_output=True, text=True)
+    result = json.loads(out.read_text())
+    kernels = {row["kernel"] for row in result["rows"]}
+    assert {"chunk_state.chunk_state_fwd_kernel", "chunk_state.chunk_state_bwd_kernel",
+            "chunk_simple.simple_output_kernel", "chunk_simple.simple_bwd_dv_kernel",
+            "chunk_simple.simple_bwd_dqkg_kernel"} == kernels
+    for row in result["rows"]:
+        assert row["status"] == "ok" and max(v for v in row["errors"].values() if v is not None) < 1e-5
+
+
+def test_a_process_that_dies_is_a_fault():
+    args = argparse.Namespace(kernel="no_such_kernel", dtype="float32", shape=[1, 4, 1, 8, 8], steps=1)
+    result = _load().run_worker(args)
+    assert result["status"] == "fault" and "no_such_kernel" in result["error"]
