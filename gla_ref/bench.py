@@ -107,9 +107,20 @@ def environment() -> dict:
 
         info["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
         info["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            info["ptxas"] = _ptxas_in_effect(torch.cuda.get_device_capability())
     except ImportError:
         info["device"] = "cpu"
     return info
+
+
+def _ptxas_in_effect(capability):
+    """The ptxas that assembles the Triton kernels on this GPU (None where Triton is not installed)."""
+    try:
+        from gla_ref.triton import _ptxas
+    except ImportError:
+        return None
+    return _ptxas.in_effect(capability)
 
 
 def time_cuda(fn, *, warmup=25, rep=100, grad_to_none=None) -> dict:

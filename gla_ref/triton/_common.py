@@ -9,6 +9,7 @@ import triton
 
 from gla_ref import device
 from gla_ref._validate import Dims, check_inputs
+from gla_ref.triton import _ptxas
 
 MAX_DIM = 256
 """Largest K or V a kernel accepts (blocks are powers of two up to this)."""
@@ -28,6 +29,8 @@ def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,)) -> Dims:
             raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all inputs must share a device")
     if q.device.type != "cuda" and not device.triton_interpret():
         raise ValueError(f"q is on {q.device}: Triton kernels need CUDA tensors when a GPU is present")
+    if q.device.type == "cuda":
+        _ptxas.check(torch.cuda.get_device_capability(q.device))
     if device.is_debug():
         check_values(tensors)
     return dims
