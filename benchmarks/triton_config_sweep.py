@@ -5,10 +5,11 @@ access) or computes wrong numbers brings the whole call down, whichever config w
 This script isolates them. For each autotuned kernel that the call launches and each of its
 configs, a fresh process pins that kernel to that config and every other kernel to its first
 config, runs ``--steps`` forward+backward calls, and compares the last one with the float64
-reference (a fault kills only that process).
+reference (a fault kills only that process). ``--only`` sweeps just the launched kernels whose
+``module.kernel`` name contains one of its words.
 
     python benchmarks/triton_config_sweep.py "chunk_simple_gla[g_gamma]" --dtype bfloat16 \\
-        --shape 2 1000 2 64 256 [--steps 400] [--jobs 4] [--out PATH]
+        --shape 2 1000 2 64 256 [--steps 400] [--jobs 4] [--only chunk_state] [--out PATH]
 
 KERNEL is a name of ``triton_accuracy.KERNELS``. Writes
 ``benchmarks/results/triton_config_sweep_<device>.json`` (or PATH): one row per (kernel, config)
@@ -76,10 +77,15 @@ def worker(kernel_name, dtype, shape, steps, pinned, index):
     print(json.dumps({"launched": sorted(set(launched)), "seconds": round(seconds, 2), "errors": errs}))
 
 
+def worker_command(args, pinned="", index=0) -> list:
+    """The command line of one worker (``pinned`` empty: every kernel at its first config)."""
+    return [sys.executable, __file__, "--worker", pinned, str(index), args.kernel, "--dtype", args.dtype,
+            "--shape", *map(str, args.shape), "--steps", str(args.steps)]
+
+
 def run_worker(args, pinned="", index=0, timeout=120) -> dict:
     """One worker process; its JSON line, or how it ended."""
-    cmd = [sys.executable, __file__, "--worker", pinned, str(index), args.kernel, "--dtype", args.dtype,
-           "--shape", *map(str, args.shape), "--steps", str(args.steps)]
+    cmd = worker_command(args, pinned, index)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -92,13 +98,23 @@ def run_worker(args, pinned="", index=0, timeout=120) -> dict:
 
 
 def sweep(args) -> list:
-    """A probe with every kernel at its first config finds the kernels launched; then one worker per config."""
+    """A probe with every kernel at its first config finds the kernels launched; then one worker per config.
+    If the probe faults, ``--only`` names the kernels to sweep (all of them may be launched)."""
     probe = run_worker(args)
-    if probe["status"] != "ok":
-        raise SystemExit(f"the call fails with every kernel at its first config: {probe}")
-    counts = {name: len(kernel.configs) for name, kernel in autotuned().items()}
-    configs = {name: [describe(c) for c in kernel.configs] for name, kernel in autotuned().items()}
-    jobs = [(name, i) for name in probe["launched"] for i in range(counts[name])]
+    tuned = autotuned()
+    counts = {name: len(kernel.configs) for name, kernel in tuned.items()}
+    configs = {name: [describe(c) for c in kernel.configs] for name, kernel in tuned.items()}
+    if probe["status"] == "ok":
+        candidates = probe["launched"]
+    elif args.only:
+        print(f"the probe (every kernel at its first config) failed: {probe}", flush=True)
+        candidates = sorted(tuned)
+    else:
+        raise SystemExit(f"the call fails with every kernel at its first config: {probe}; name kernels with --only")
+    swept = [name for name in candidates if not args.only or any(w in name for w in args.only)]
+    if not swept:
+        raise SystemExit(f"--only {args.only} matches none of the kernels {candidates}")
+    jobs = [(name, i) for name in swept for i in range(counts[name])]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = pool.map(lambda job: run_worker(args, *job), jobs)
         rows = [{"kernel": name, "config": configs[name][i], **res} for (name, i), res in zip(jobs, results)]
@@ -115,6 +131,7 @@ def main():
     p.add_argument("--shape", type=int, nargs=5, default=[2, 1000, 2, 64, 256], metavar=("B", "T", "H", "K", "V"))
     p.add_argument("--steps", type=int, default=400, help="forward+backward calls per config")
     p.add_argument("--jobs", type=int, default=4, help="worker processes at a time")
+    p.add_argument("--only", nargs="+", metavar="WORD", help="sweep only kernels whose name contains a WORD")
     p.add_argument("--out", type=pathlib.Path)
     p.add_argument("--worker", nargs=2, metavar=("KERNEL", "INDEX"), help=argparse.SUPPRESS)
     args = p.parse_args()

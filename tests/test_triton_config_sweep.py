@@ -38,3 +38,23 @@ def test_a_process_that_dies_is_a_fault():
     args = argparse.Namespace(kernel="no_such_kernel", dtype="float32", shape=[1, 4, 1, 8, 8], steps=1)
     result = _load().run_worker(args)
     assert result["status"] == "fault" and "no_such_kernel" in result["error"]
+
+
+def test_only_sweeps_the_named_kernels(tmp_path):
+    out = tmp_path / "sweep.json"
+    subprocess.run([sys.executable, str(SCRIPT), "chunk_simple_gla[g_gamma]", "--dtype", "float32",
+                    "--shape", "1", "20", "1", "16", "16", "--steps", "1", "--only", "state_fwd", "dv",
+                    "--out", str(out)], check=True, capture_output=True, text=True)
+    kernels = {row["kernel"] for row in json.loads(out.read_text())["rows"]}
+    assert kernels == {"chunk_state.chunk_state_fwd_kernel", "chunk_simple.simple_bwd_dv_kernel"}
+
+
+def test_a_failing_probe_needs_only_and_then_sweeps_what_it_names(tmp_path):
+    common = [sys.executable, str(SCRIPT), "no_such_kernel", "--shape", "1", "4", "1", "8", "8", "--steps", "1"]
+    refused = subprocess.run(common, capture_output=True, text=True)
+    assert refused.returncode != 0 and "--only" in refused.stderr
+    out = tmp_path / "sweep.json"
+    subprocess.run([*common, "--only", "chunk_state", "--out", str(out)], check=True, capture_output=True, text=True)
+    rows = json.loads(out.read_text())["rows"]
+    assert {row["kernel"] for row in rows} == {"chunk_state.chunk_state_fwd_kernel", "chunk_state.chunk_state_bwd_kernel"}
+    assert all(row["status"] == "fault" for row in rows)  # every worker fails as the probe did
