@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 from recurrence64 import recurrence64
 
 from gla_ref import jax_ref, torch_ref
-from gla_ref.testing import GATES, as_jax, as_torch, random_inputs, rel_rmse
+from gla_ref.testing import GATES, as_jax, as_torch, random_inputs, to_numpy
 
 TOL = 2e-5
 
@@ -27,8 +28,13 @@ def problems(draw, max_T=80, min_tau=0.25):
 
 
 def close_to_recurrence(x, o, S):
+    """o and S within TOL of the float64 recurrence, relative to the size of the terms it sums (the
+    recurrence on |q|, |k|, |v|, |S_0|): where o cancels to near 0 (K = V = 1, say), its float32
+    error is that of its terms, and a bound relative to o alone fails on correct code."""
     o64, S64 = recurrence64(**x)
-    return rel_rmse(o64, o) < TOL and rel_rmse(S64, S) < TOL
+    o_size, S_size = recurrence64(**{n: a if n == "g" or a is None else np.abs(a) for n, a in x.items()})
+    return all(np.linalg.norm(to_numpy(got) - ref) <= TOL * np.linalg.norm(size)
+               for ref, got, size in ((o64, o, o_size), (S64, S, S_size)))
 
 
 @settings(max_examples=100, deadline=None)
@@ -56,7 +62,6 @@ def test_torch_split_sequence_continues_through_the_state(problem, data):
     x, C, c = problem
     T = x["q"].shape[1]
     t = data.draw(st.integers(1, T))
-    o64, S64 = recurrence64(**x)
     parts, S = [], x["initial_state"]
     for start, stop in ((0, t), (t, T)):
         if start == stop:
@@ -67,7 +72,7 @@ def test_torch_split_sequence_continues_through_the_state(problem, data):
         o, S = torch_ref.chunk_gla_two_level(**part, initial_state=S, chunk_size=C, sub_chunk_size=c,
                                              output_final_state=True)
         parts.append(o)
-    assert rel_rmse(o64, torch.cat(parts, 1)) < TOL and rel_rmse(S64, S) < TOL
+    assert close_to_recurrence(x, torch.cat(parts, 1), S)
 
 
 def _time_slice(g, start, stop):
