@@ -83,3 +83,15 @@ def test_candidates_include_pips_nvidia_packages(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "nvidia", types.SimpleNamespace(__path__=[str(tmp_path / "nvidia")]))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no_toolkit"))
     assert str(ptxas) in _ptxas.candidates()
+
+
+def test_a_triton_without_knobs_has_one_ptxas(monkeypatch):
+    import triton
+
+    monkeypatch.delattr(triton, "knobs")
+    monkeypatch.setitem(sys.modules, "triton.knobs", None)  # as in Triton 3.3, which had no knobs module
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "/chosen/ptxas")
+    assert _ptxas.triton_ptxas(90) == ("/chosen/ptxas", "TRITON_PTXAS_PATH")
+    monkeypatch.delenv("TRITON_PTXAS_PATH")
+    path, var = _ptxas.triton_ptxas(90)
+    assert path.endswith(os.path.join("backends", "nvidia", "bin", "ptxas")) and var == "TRITON_PTXAS_PATH"

@@ -48,9 +48,14 @@ def release(path: str) -> tuple[int, int, int] | None:
 def triton_ptxas(arch: int) -> tuple[str, str]:
     """The ptxas Triton uses for ``arch`` (e.g. 90) and the environment variable that overrides it:
     Triton 3.6 gives sm_90 its ``ptxas`` (12.8.93), Triton 3.9 its ``ptxas-blackwell`` (13.4.59)."""
-    from triton import knobs
-    from triton.backends.nvidia import compiler
+    try:
+        from triton import knobs
+        from triton.backends.nvidia import compiler
+    except ImportError:  # Triton before its knobs module (3.3): one ptxas, bundled or TRITON_PTXAS_PATH
+        import triton
 
+        bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+        return os.environ.get("TRITON_PTXAS_PATH") or bundled, "TRITON_PTXAS_PATH"
     try:
         tool = compiler.get_ptxas(arch)
     except TypeError:  # a Triton whose get_ptxas takes no arch
@@ -111,7 +116,8 @@ def check(capability: tuple[int, int]) -> None:
     os.environ[var] = good
     from triton.backends.nvidia import compiler
 
-    getattr(compiler.get_ptxas_version, "cache_clear", lambda: None)()  # part of Triton's cache key
+    cached = getattr(compiler, "get_ptxas_version", None)  # its answer is part of Triton's cache key
+    getattr(cached, "cache_clear", lambda: None)()
     warnings.warn(f"{why}; gla_ref set {var}={good} (ptxas {'.'.join(map(str, release(good)))}) for this "
                   f"process. Set {var} yourself to choose another.", RuntimeWarning, stacklevel=4)  # the user's call
 
