@@ -50,6 +50,7 @@ from gla_ref.triton.fused_chunk_fwd import (
     dot,
     launch_meta,
     load_row,
+    load_state,
     load_tile,
     state_block,
     state_step,
@@ -91,10 +92,7 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, scale, T, T_BUCKET,
     if USE_G:
         g += base_k
         dg += base_k
-    S = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
-        p_s, m_s = state_block(h0, i_bh, o_k, o_v, K, V)
-        S += tl.load(p_s, mask=m_s, other=0.0)
+    S = load_state(h0, i_bh, o_k, o_v, K, V, BK, BV, USE_H0)
     for n in range(tl.cdiv(T, C)):
         rows = (n * C + o_c).to(tl.int64)
         b, b_last = chunk_gates(g, n, o_k, T, K, H * K, C, BK, USE_G)
@@ -133,14 +131,11 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, scale, T, T_BUCKET,
     if USE_G:
         g += base_k
         dg += base_k
-    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    dS = load_state(dht, i_bh, o_k, o_v, K, V, BK, BV, USE_DHT)
     dg_acc = tl.zeros([BK], dtype=tl.float32)  # Σ of dB over the later chunks (+ the final-state term)
     if USE_DHT:
-        p_s, m_s = state_block(dht, i_bh, o_k, o_v, K, V)
-        dS += tl.load(p_s, mask=m_s, other=0.0)
         if USE_G:  # Σ_v S_T ⊙ dS_T: a sum over every value, which this program holds
-            p_s, m_s = state_block(ht, i_bh, o_k, o_v, K, V)
-            dg_acc += tl.sum(tl.load(p_s, mask=m_s, other=0.0) * dS, axis=1)
+            dg_acc += tl.sum(load_state(ht, i_bh, o_k, o_v, K, V, BK, BV, True) * dS, axis=1)
     NT = tl.cdiv(T, C)
     for i_n in range(NT):
         n = NT - 1 - i_n
@@ -185,10 +180,7 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, scale, T, T_BUCKET,
     q, k, do, dv = q + base_k, k + base_k, do + base_v, dv + base_v
     if USE_G:
         g += base_k
-    dS = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_DHT:
-        p_s, m_s = state_block(dht, i_bh, o_k, o_v, K, V)
-        dS += tl.load(p_s, mask=m_s, other=0.0)
+    dS = load_state(dht, i_bh, o_k, o_v, K, V, BK, BV, USE_DHT)
     NT = tl.cdiv(T, C)
     for i_n in range(NT):
         n = NT - 1 - i_n

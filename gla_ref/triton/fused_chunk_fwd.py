@@ -85,6 +85,18 @@ def state_block(ptr, i_bh, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
+def load_state(ptr, i_bh, o_k, o_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               USE: tl.constexpr):
+    """This program's ``[BK, BV]`` block of a float32 ``[B, H, K, V]`` state; zeros when ``USE`` is off
+    (no state given)."""
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE:
+        p_s, m_s = state_block(ptr, i_bh, o_k, o_v, K, V)
+        S += tl.load(p_s, mask=m_s, other=0.0)
+    return S
+
+
+@triton.jit
 def load_row(ptr, t, cols, T, D: tl.constexpr, HD: tl.constexpr):
     """Row (token) t of a ``[T, H, D]`` slab as float32 ``[cols]``, zeros past T or D."""
     mask = (cols < D) & (cols * 0 + t < T)  # the token test as a vector (the interpreter wants one)
@@ -164,10 +176,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
     q, k, v, o = q + base_k, k + base_k, v + base_v, o + base_v
     if USE_G:
         g += base_k
-    S = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
-        p_s, m_s = state_block(h0, i_bh, o_k, o_v, K, V)
-        S += tl.load(p_s, mask=m_s, other=0.0)
+    S = load_state(h0, i_bh, o_k, o_v, K, V, BK, BV, USE_H0)
     for n in range(tl.cdiv(T, C)):
         rows = (n * C + o_c).to(tl.int64)
         b, b_last = chunk_gates(g, n, o_k, T, K, H * K, C, BK, USE_G)
