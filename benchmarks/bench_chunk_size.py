@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 import tempfile
 import time
 
@@ -177,7 +176,7 @@ def main(argv=None):
               "implementations": IMPLEMENTATIONS, "parts": PARTS, "rows": rows, "unsupported": unsupported,
               "checks_rel_rmse_vs_chunk_gla": checks, "timer": "bench.time_cuda" if on_gpu else "bench.time_wall",
               "wall_s": time.perf_counter() - t0}
-    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    slug = bench.slug(env["device"])
     default = (pathlib.Path(tempfile.gettempdir()) / f"chunk_size_sweep_smoke_{slug}.json" if args.smoke
                else RESULTS / f"chunk_size_sweep_{slug}.json")
     path = args.out or default

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import pathlib
-import re
 import signal
 import subprocess
 import sys
@@ -44,10 +43,6 @@ MIN_CASE_S = 10.0
 FULL = {"T": [1024, 2048, 4096], "B": 2, "H": 16, "K": 128, "V": 128, "chunk": 64, "dtype": "bfloat16",
         "warmup": 5, "rep": 50}
 SMOKE = {"T": [32], "B": 1, "H": 2, "K": 32, "V": 32, "chunk": 16, "dtype": "float32", "warmup": 1, "rep": 2}
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
 # ---------------------------------------------------------------- the worker: one (candidate, T)
@@ -132,7 +127,7 @@ def worker_env(name, T, args):
         env["JAX_PLATFORMS"] = "cpu"
     flags = [env.get("XLA_FLAGS", ""), args.xla_flags or ""]
     if args.xla_dump and not name.startswith("triton"):
-        flags.append(f"--xla_dump_to={pathlib.Path(args.xla_dump) / f'{slug(name)}_T{T}'} --xla_dump_hlo_as_text")
+        flags.append(f"--xla_dump_to={pathlib.Path(args.xla_dump) / f'{bench.slug(name)}_T{T}'} --xla_dump_hlo_as_text")
     env["XLA_FLAGS"] = " ".join(f for f in flags if f)
     return env
 
@@ -226,7 +221,7 @@ def main(argv=None):
            "limit_s": args.limit, "budget_s": args.budget, "xla_flags": args.xla_flags or "",
            "smoke": args.smoke, "wall_s": round(time.perf_counter() - start, 1)}
     default_dir = pathlib.Path(tempfile.gettempdir()) if args.smoke else RESULTS
-    path = args.out or default_dir / f"pallas_bench_{'smoke_' if args.smoke else ''}{slug(env['device'])}.json"
+    path = args.out or default_dir / f"pallas_bench_{'smoke_' if args.smoke else ''}{bench.slug(env['device'])}.json"
     if args.merge and path.exists():
         rows = merge_rows(json.loads(path.read_text())["rows"], rows)
     path.parent.mkdir(parents=True, exist_ok=True)

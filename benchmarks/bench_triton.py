@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +112,7 @@ def main():
     ratios = ratio_table(rows)
     result = {"env": env, "shape": {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16"},
               "copy_bandwidth_GBps": copy_gbs, "rows": rows, "ratios": ratios}
-    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    slug = bench.slug(env["device"])
     RESULTS.mkdir(exist_ok=True)
     path = args.out or RESULTS / f"triton_bench_{slug}.json"
     path.write_text(json.dumps(result, indent=1))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 import sys
 import tempfile
 import time
@@ -137,7 +136,7 @@ def main(argv=None):
             rows += shape_rows
     env = {**bench.environment(), "dtype": "float32", "smoke": args.smoke,
            "wall_s": round(time.perf_counter() - start, 1)}
-    name = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    name = bench.slug(env["device"])
     default_dir = pathlib.Path(tempfile.gettempdir()) if args.smoke else RESULTS
     path = args.out or default_dir / f"grad_memory_{'smoke_' if args.smoke else ''}{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

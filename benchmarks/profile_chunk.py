@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 import sys
 
 import torch
@@ -70,7 +69,7 @@ def main():
     args = parser.parse_args()
     B, H, K, V = 8, 16, 128, 128
     env = bench.environment()
-    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    slug = bench.slug(env["device"])
     path = args.out or RESULTS / f"chunk_profile_{slug}.json"
     rows = []
     for T in args.T:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import json
 import pathlib
-import re
 import sys
 import time
 
@@ -70,7 +69,7 @@ def main():
     for path in paths:
         runs[path.name] = execute(path.resolve(), allow_errors="--allow-errors" in sys.argv)
         print(path.name, runs[path.name], flush=True)
-    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    slug = bench.slug(env["device"])
     out = RESULTS / f"notebooks_{slug}.json"
     out.write_text(json.dumps({"env": env, "notebooks": runs}, indent=1))
     print("wrote", out)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 
 import torch
 
@@ -73,7 +72,7 @@ def main():
     if set(args.kernels) - set(KERNELS):
         parser.error(f"unknown kernel(s) {sorted(set(args.kernels) - set(KERNELS))}; choose from {list(KERNELS)}")
     env = bench.environment()
-    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    slug = bench.slug(env["device"])
     RESULTS.mkdir(exist_ok=True)
     path = args.out or RESULTS / f"triton_accuracy_{slug}.json"
     rows, refs = [], {}

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -142,9 +141,10 @@ def main():
     from gla_ref import bench  # after gla_ref.triton (sweep), which must be imported before triton
 
     env = bench.environment()
-    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    slug = bench.slug(env["device"])
     out = args.out or RESULTS / f"triton_config_sweep_{slug}.json"
     case = {"kernel": args.kernel, "dtype": args.dtype, "shape": args.shape, "steps": args.steps}
+    rows = [{"ptxas": env.get("ptxas"), **row} for row in rows]  # runs under several assemblers can share a file
     out.write_text(json.dumps({"env": env, "case": case, "rows": rows}, indent=1))
     print(f"{sum(r['status'] == 'ok' for r in rows)} of {len(rows)} configs ok; wrote {out}")
 

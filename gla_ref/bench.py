@@ -114,6 +114,14 @@ def environment() -> dict:
     return info
 
 
+def slug(text: str) -> str:
+    """``text`` as part of a file name: lower case, every run of other characters one underscore
+    (``"NVIDIA H200"`` → ``"nvidia_h200"``): how result files name their device."""
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
 def _ptxas_in_effect(capability):
     """The ptxas that assembles the Triton kernels on this GPU (None where Triton is not installed)."""
     try:

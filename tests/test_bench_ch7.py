@@ -333,3 +333,8 @@ def test_chunk_size_sweep_smoke_run(tmp_path):
     assert all("chunk_size" in u["reason"] for u in sweep["unsupported"])
     assert max(sweep["checks_rel_rmse_vs_chunk_gla"].values()) < 1e-5
     assert all(r["p20_ms"] <= r["median_ms"] <= r["p80_ms"] for r in sweep["rows"])
+
+
+def test_slug_names_a_device_for_a_file():
+    assert bench.slug("NVIDIA H200") == "nvidia_h200"
+    assert bench.slug(" Tesla T4 (PCIe)/16GB ") == "tesla_t4_pcie_16gb"

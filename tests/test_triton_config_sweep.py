@@ -32,6 +32,7 @@ def test_sweep_covers_every_launched_kernel(tmp_path):
             "chunk_simple.simple_bwd_dqkg_kernel"} == kernels
     for row in result["rows"]:
         assert row["status"] == "ok" and max(v for v in row["errors"].values() if v is not None) < 1e-5
+        assert row["ptxas"] == result["env"].get("ptxas")  # None without a GPU
 
 
 def test_a_process_that_dies_is_a_fault():
