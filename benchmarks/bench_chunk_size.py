@@ -156,6 +156,7 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path, help="JSON path (default: results/chunk_size_sweep_<device>.json)")
     parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes on any device, to a temp path")
     args = parser.parse_args(argv)
+    bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
     device.use_triton_interpreter()  # before Triton is first imported: on a CPU, kernels are interpreted
     import torch
 

@@ -33,9 +33,11 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from gla_ref import bench  # noqa: E402
+
+import pallas_harness as harness  # noqa: E402  (beside this script)
 
 RESULTS = ROOT / "benchmarks" / "results"
 MIN_CASE_S = 10.0
@@ -65,7 +67,7 @@ def worker(args) -> None:
             print(f"STAGE {time.perf_counter() - start:.1f} {mode} {phase}", flush=True)
 
         try:
-            row = bench.time_pallas_gla(name, mode, T, **shape, warmup=args.warmup, rep=args.rep, stage=stage)
+            row = harness.time_pallas_gla(name, mode, T, **shape, warmup=args.warmup, rep=args.rep, stage=stage)
         except Exception as err:  # recorded, and the next mode still runs
             row = {"T": T, "name": f"{name} {mode}", "error": describe_error(err)}
         print("ROW " + json.dumps(row), flush=True)
@@ -145,10 +147,10 @@ def run_all(args, names, start=None):
     rows, timed_out = [], {}  # (name, mode) -> T at which its compile ran out of time
     for T in args.T:
         for name in names:
-            modes = [m for m in bench.BENCH_MODES if (name, m) not in timed_out]
+            modes = [m for m in harness.BENCH_MODES if (name, m) not in timed_out]
             case = [{"T": T, "name": f"{name} {m}",
                      "error": f"not run: compile did not finish at T={timed_out[name, m]}"}
-                    for m in bench.BENCH_MODES if (name, m) in timed_out]
+                    for m in harness.BENCH_MODES if (name, m) in timed_out]
             left = args.budget - (time.perf_counter() - start)
             if modes and left < MIN_CASE_S:
                 spent = f"not run: the {args.budget:.0f} s budget was spent"
@@ -182,8 +184,8 @@ def merge_rows(old, new):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("T", type=int, nargs="*", help="sequence lengths (default 1024 2048 4096; --smoke: 32)")
-    p.add_argument("--only", nargs="+", choices=bench.PALLAS_BENCH, metavar="NAME",
-                   help=f"candidates to run (default: all of {', '.join(bench.PALLAS_BENCH)})")
+    p.add_argument("--only", nargs="+", choices=harness.PALLAS_BENCH, metavar="NAME",
+                   help=f"candidates to run (default: all of {', '.join(harness.PALLAS_BENCH)})")
     p.add_argument("--limit", type=float, default=120.0, help="seconds for one (candidate, T): compile and run")
     p.add_argument("--budget", type=float, default=320.0, help="seconds for all cases together")
     p.add_argument("--out", type=pathlib.Path, help="JSON path (default results/pallas_bench_<device>.json)")
@@ -193,7 +195,7 @@ def parse_args(argv=None):
     p.add_argument("--xla-flags", help="extra XLA_FLAGS for the workers, written with '=', e.g. "
                    "--xla-flags=--xla_gpu_autotune_level=0")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--modes", nargs="+", default=list(bench.BENCH_MODES), help=argparse.SUPPRESS)
+    p.add_argument("--modes", nargs="+", default=list(harness.BENCH_MODES), help=argparse.SUPPRESS)
     for key in ("B", "H", "K", "V", "chunk", "warmup", "rep"):
         hidden = key in ("warmup", "rep")
         p.add_argument(f"--{key}", type=int, help=argparse.SUPPRESS if hidden else f"default {FULL[key]}")
@@ -214,7 +216,7 @@ def main(argv=None):
     if not args.smoke and not device.has_cuda():
         sys.exit("bench_pallas.py times GPU kernels and needs CUDA; on a CPU run it with --smoke")
     start = time.perf_counter()
-    rows = run_all(args, list(args.only or bench.PALLAS_BENCH), start)
+    rows = run_all(args, list(args.only or harness.PALLAS_BENCH), start)
     env = {**bench.environment(),
            "shape": {"B": args.B, "H": args.H, "K": args.K, "V": args.V, "chunk_size": args.chunk,
                      "dtype": args.dtype},

@@ -87,6 +87,7 @@ def main():
     parser.add_argument("--only", nargs="+", help="candidate names to run (default: all)")
     parser.add_argument("--out", type=pathlib.Path, help="JSON path (default: results/triton_bench_<device>.json)")
     args = parser.parse_args()
+    bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
     B, H, K = args.B, args.H, args.D
     V = K
     env = bench.environment()

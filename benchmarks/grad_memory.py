@@ -123,6 +123,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
     cuda = device.has_cuda()
     if not cuda and not args.smoke:
         sys.exit("grad_memory.py measures GPU memory and needs CUDA; on a CPU run it with --smoke")

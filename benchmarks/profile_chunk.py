@@ -67,6 +67,7 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
+    bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
     B, H, K, V = 8, 16, 128, 128
     env = bench.environment()
     slug = bench.slug(env["device"])

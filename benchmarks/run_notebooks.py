@@ -1,19 +1,25 @@
 """Execute every chapter notebook with nbclient on this machine and record how each one ran.
 
-``python benchmarks/run_notebooks.py [NOTEBOOK ...] [--allow-errors]`` (default: notebooks/[0-9]*.ipynb)
-executes each notebook in a fresh kernel from its first cell (the committed outputs are replaced, the
-files on disk are not touched), and writes ``benchmarks/results/notebooks_<device>.json``: per notebook,
-ok or the errors of the failing cells (execution stops at the first unless ``--allow-errors``), the wall
-time with its slowest cells, and what the setup cell printed about the device. It is how the chapters are checked on a GPU; on
-a CPU, ``make test`` runs them through nbval instead.
+``python benchmarks/run_notebooks.py [NOTEBOOK ...] [--allow-errors] [--outside DIR] [--out PATH]``
+(default: notebooks/[0-9]*.ipynb) executes each notebook in a fresh kernel from its first cell (the
+committed outputs are replaced, the files on disk are not touched), and writes
+``benchmarks/results/notebooks_<device>.json`` (or ``--out``): per notebook, ok or the errors of the
+failing cells (execution stops at the first unless ``--allow-errors``), the wall time with its slowest
+cells, what the setup cell printed (framework versions, then the device line), the figures drawn
+against the committed copy, and whether any output says a stored result is missing.
+
+``--outside DIR`` runs each notebook from a copy in the empty folder DIR, as a reader who installed
+the wheel does: the kernel then imports the installed ``gla_ref``, not this checkout. It is how the
+chapters are checked on a GPU; on a CPU, ``make test`` runs them through nbval and the reader's test.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import pathlib
-import sys
+import shutil
 import time
 
 import nbclient
@@ -45,8 +51,26 @@ def execute(path: pathlib.Path, timeout_s: int = 600, allow_errors: bool = False
     status["slowest_cells"] = slowest_cells(nb)
     setup = next((c for c in nb.cells if c.cell_type == "code"), None)
     streams = [o.get("text", "") for o in (setup.outputs if setup else []) if o.get("output_type") == "stream"]
-    status["device_line"] = "".join(streams).strip().splitlines()[-1] if any(streams) else ""
+    status["setup_lines"] = "".join(streams).strip().splitlines()
+    status["device_line"] = status["setup_lines"][-1] if status["setup_lines"] else ""
+    status["figures"] = figures(nb)
+    status["says_no_stored_result"] = "no stored" in output_text(nb).lower()
     return status
+
+
+def _outputs(nb):
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+
+
+def figures(nb) -> int:
+    """How many figures (PNG or SVG outputs) a notebook holds."""
+    return sum(any(kind in o.get("data", {}) for kind in ("image/png", "image/svg+xml")) for o in _outputs(nb))
+
+
+def output_text(nb) -> str:
+    """Everything a notebook printed or displayed as text."""
+    return "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) + str(o.get("evalue", ""))
+                   for o in _outputs(nb))
 
 
 def slowest_cells(nb, n: int = 3) -> dict:
@@ -61,20 +85,30 @@ def slowest_cells(nb, n: int = 3) -> dict:
     return dict(sorted(seconds.items(), key=lambda kv: -kv[1])[:n])
 
 
-def main():
-    args = [a for a in sys.argv[1:] if a != "--allow-errors"]
-    paths = [pathlib.Path(p) for p in args] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
+    parser.add_argument("--allow-errors", action="store_true")
+    parser.add_argument("--outside", type=pathlib.Path, help="run copies in this (empty) folder")
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    paths = [p.resolve() for p in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
     env = bench.environment()
+    out = args.out or RESULTS / f"notebooks_{bench.slug(env['device'])}.json"
     runs = {}
     for path in paths:
-        runs[path.name] = execute(path.resolve(), allow_errors="--allow-errors" in sys.argv)
+        run = path
+        if args.outside:
+            args.outside.mkdir(parents=True, exist_ok=True)
+            run = pathlib.Path(shutil.copy(path, args.outside / path.name)).resolve()
+        runs[path.name] = execute(run, allow_errors=args.allow_errors)
+        runs[path.name]["committed_figures"] = figures(nbformat.read(path, as_version=4))
         print(path.name, runs[path.name], flush=True)
-    slug = bench.slug(env["device"])
-    out = RESULTS / f"notebooks_{slug}.json"
-    out.write_text(json.dumps({"env": env, "notebooks": runs}, indent=1))
+        record = {"env": env, "outside": str(args.outside) if args.outside else None, "notebooks": runs}
+        out.write_text(json.dumps(record, indent=1))  # after every notebook: a run cut short keeps what ran
     print("wrote", out)
-    sys.exit(0 if all(r["ok"] for r in runs.values()) else 1)
+    return 0 if all(r["ok"] for r in runs.values()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -69,6 +69,7 @@ def main():
     parser.add_argument("kernels", nargs="*", metavar="KERNEL", help=f"any of {', '.join(KERNELS)}")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
+    bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
     if set(args.kernels) - set(KERNELS):
         parser.error(f"unknown kernel(s) {sorted(set(args.kernels) - set(KERNELS))}; choose from {list(KERNELS)}")
     env = bench.environment()

@@ -79,7 +79,7 @@ def test_stored_results_carry_the_stamp():
         assert bench.load_results(path)["env"]["device"]
 
 
-def test_latest_results_picks_the_newest_stamp(tmp_path, monkeypatch):
+def test_latest_results_picks_the_newest_stamp(tmp_path):
     res = tmp_path / "benchmarks" / "results"
     res.mkdir(parents=True)
     _write(res / "x_bench_b.json", {"env": {**STAMP, "date": "2026-03-01"}, "rows": [{}, {}, {}]})
@@ -89,8 +89,25 @@ def test_latest_results_picks_the_newest_stamp(tmp_path, monkeypatch):
     path, data = bench.latest_results("x_bench", res)  # the newest date, then the most rows
     assert path.name == "x_bench_a.json" and data["env"]["date"] == "2026-05-01"
     assert bench.latest_results("z_bench", res) is None
-    monkeypatch.chdir(res)  # found from the working directory upwards
-    assert bench.latest_results("y_bench")[0].name == "y_bench_c.json"
+
+
+def test_results_dir_is_the_checkouts_and_every_kind_has_its_script(tmp_path, monkeypatch):
+    assert bench.results_dir() == ROOT / "benchmarks" / "results"  # imported from this checkout
+    kinds = {p.name.rsplit("_", 2)[0] for p in bench.results_dir().glob("*.json")}
+    for prefix, script in bench.SCRIPTS.items():
+        assert (ROOT / "benchmarks" / script).is_file(), script
+    assert all(any(k.startswith(prefix) for prefix in bench.SCRIPTS) for k in kinds), kinds
+    monkeypatch.chdir(tmp_path)  # not read from the working directory
+    assert bench.latest_results("triton_bench")[0].parent == ROOT / "benchmarks" / "results"
+
+
+def test_hint_is_a_runnable_command_naming_the_script():
+    from gla_ref.runtime import repository_url
+
+    text = bench.hint("grad_memory")
+    assert f"git clone {repository_url()}" in text and "python benchmarks/grad_memory.py" in text
+    with pytest.raises(ValueError, match="prefix"):
+        bench.hint("nonsense")
 
 
 def test_series_sorts_and_skips_failed_rows():

@@ -40,3 +40,17 @@ def test_failing_cells_are_reported(tmp_path):
     every = rn.execute(path, allow_errors=True)
     assert not every["ok"] and len(every["errors"]) == 2
     assert "AssertionError: first" in every["errors"][0] and "ValueError: second" in every["errors"][1]
+
+
+def test_outside_runs_a_copy_and_counts_figures(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    path = _notebook(source, "print('torch 2.13')\nprint('CPU: here')",
+                     "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()",
+                     "print('no stored result here')")
+    out = tmp_path / "record.json"
+    assert rn.main([str(path), "--outside", str(tmp_path / "empty"), "--out", str(out)]) == 0
+    run = __import__("json").loads(out.read_text())["notebooks"]["nb.ipynb"]
+    assert run["setup_lines"] == ["torch 2.13", "CPU: here"] and run["figures"] == 1
+    assert run["committed_figures"] == 0 and run["says_no_stored_result"]
+    assert (tmp_path / "empty" / "nb.ipynb").is_file()

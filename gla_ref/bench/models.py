@@ -1,0 +1,250 @@
+"""Cost models: FLOPs and bytes of each form and kernel, device peaks, the roofline.
+
+Plain arithmetic on sizes, no framework and no device: chapters 1 and 3 count FLOPs with it, chapters
+4 and 7 set measured times against what the work and the traffic allow.
+"""
+
+from __future__ import annotations
+
+def two_level_flop_split(T, C, c, K, V):
+    """FLOPs per head and sequence of the two-level chunkwise GLA forward (Fig. 3 / Fig. 7 of the
+    paper), split by where they can run: half-precision matmuls (tensor cores) vs full-precision
+    log-space work (Eq. 4). A multiply-add is 2 FLOPs; whole c×c tiles are counted (kernels compute
+    a tile, then mask it). With N = ⌈T/C⌉ chunks (the last padded) and n = C/c sub-chunks a chunk:
+
+    * ``state``: ``(K ⊙ Γ)ᵀ V`` per chunk, 2·C·K·V, so 2·N·C·K·V;
+    * ``inter_chunk``: ``(Q ⊙ Λ) S`` per chunk, the same 2·N·C·K·V;
+    * ``inter_sub_chunk``: the n(n−1)/2 tiles below the diagonal of each chunk's P, 2·c²·K each;
+    * ``pv``: P times V over the n(n+1)/2 lower tiles of each chunk (diagonal tiles included:
+      P is cast to the input dtype for this product, as kernels do), 2·c²·V each;
+    * ``intra_sub_chunk``: the n diagonal tiles of P by Eq. 4, 2·c²·K each, every term also paying
+      an exp and a subtraction (not counted) — the only full-precision part.
+
+    Returns those five counts plus ``half_matmul`` (the first four summed), ``full_precision``
+    (= ``intra_sub_chunk``) and ``half_fraction`` = half / (half + full). ``c = C`` is the one-level
+    log-space form (``chunk_gla``): the whole intra-chunk P in full precision.
+    """
+    _positive_ints(T=T, C=C, c=c, K=K, V=V)
+    if C % c:
+        raise ValueError(f"c={c} must divide C={C}")
+    N, n = -(-T // C), C // c
+    counts = {
+        "state": 2 * N * C * K * V,
+        "inter_chunk": 2 * N * C * K * V,
+        "inter_sub_chunk": N * n * (n - 1) // 2 * 2 * c * c * K,
+        "pv": N * n * (n + 1) // 2 * 2 * c * c * V,
+        "intra_sub_chunk": N * n * 2 * c * c * K,
+    }
+    half = counts["state"] + counts["inter_chunk"] + counts["inter_sub_chunk"] + counts["pv"]
+    full = counts["intra_sub_chunk"]
+    return {**counts, "half_matmul": half, "full_precision": full, "half_fraction": half / (half + full)}
+
+
+# Chapter 1 counts per head and per sequence (multiply by B·H); a multiply-add is 2 FLOPs, so an
+
+
+# [m, n] @ [n, p] matmul costs 2·m·n·p. Only matmul FLOPs are counted (mask, softmax, normaliser
+
+
+# and additions of states are lower order). K = V = d, the head dimension.
+
+
+def _positive_ints(**sizes):
+    for name, n in sizes.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+
+
+def flops_attention(T, d):
+    """Parallel (softmax or linear) attention, O(T²d): ``QKᵀ`` is 2·T·T·d, the ``T×T`` weights
+    times V another 2·T·T·d, so 4·T²·d. Dense: the causal mask does not remove work here."""
+    _positive_ints(T=T, d=d)
+    return 4 * T * T * d
+
+
+def flops_linear_recurrent(T, d):
+    """The recurrent form of linear attention, O(Td²): per token ``S += k_tᵀ v_t`` (2·d²) and
+    ``o_t = q_t S_t`` (2·d²), so 4·T·d². The reassociated ``Q(KᵀV)`` costs the same."""
+    _positive_ints(T=T, d=d)
+    return 4 * T * d * d
+
+
+def flops_chunkwise(T, C, d):
+    """The chunkwise form, O(TCd + Td²): per chunk, intra ``(Q Kᵀ ⊙ M) V`` is 4·C²·d and inter
+    ``Q S`` plus the state update ``Kᵀ V`` is 4·C·d². With N = ⌈T/C⌉ chunks (the last one padded
+    to C, as kernels do) the total is N·(4C²d + 4Cd²) = 4TCd + 4Td² when C divides T.
+    C = T is the parallel form plus the state; C = 1 the recurrent form plus the 1×1 "attention"."""
+    _positive_ints(T=T, C=C, d=d)
+    N = -(-T // C)
+    return N * (4 * C * C * d + 4 * C * d * d)
+
+
+def kv_cache_bytes(T, H, d, dtype_bytes=2):
+    """Bytes of a softmax-attention KV cache after T tokens: keys and values, each ``[T, H, d]``,
+    per sequence and layer. Grows linearly with T."""
+    _positive_ints(T=T, H=H, d=d, dtype_bytes=dtype_bytes)
+    return 2 * T * H * d * dtype_bytes
+
+
+def state_bytes(H, K, V, dtype_bytes=4):
+    """Bytes of the linear-attention state, one ``[K, V]`` matrix per head (float32 by default),
+    per sequence and layer. Independent of T."""
+    _positive_ints(H=H, K=K, V=V, dtype_bytes=dtype_bytes)
+    return H * K * V * dtype_bytes
+
+
+def gla_io_bytes(B, T, H, K, V, dtype_bytes=2, gate="gla") -> int:
+    """Bytes a GLA forward must read and write at least: q, k, v, the gates (fp32) and o."""
+    gate_elems = {"none": 0, "const": H, "scalar": B * T * H, "gla": B * T * H * K}[gate]
+    return (2 * B * T * H * K + 2 * B * T * H * V) * dtype_bytes + 4 * gate_elems
+
+
+DATASHEET_PEAKS = {
+    # Dense (no sparsity) bf16 tensor-core and fp32 CUDA-core rates and HBM bandwidth of the SXM parts,
+    # from NVIDIA's H100 and H200 datasheets; keys as torch.cuda.get_device_name() returns them.
+    "NVIDIA H100 80GB HBM3": {"bf16_TFLOPs": 989.0, "fp32_TFLOPs": 67.0, "hbm_GBps": 3350.0},
+    "NVIDIA H200": {"bf16_TFLOPs": 989.0, "fp32_TFLOPs": 67.0, "hbm_GBps": 4800.0},
+}
+"""Datasheet peaks by device name. Every peaks dict here, measured ones included, has these keys."""
+
+
+def datasheet_peaks(device: str):
+    """The datasheet peaks of a device named as in a result's ``env["device"]``; None if unknown."""
+    peaks = DATASHEET_PEAKS.get(device)
+    return None if peaks is None else dict(peaks)
+
+
+# Forward cost models. A cost is {"tc_flops", "fp32_flops", "bytes"} for a whole batch: matmul FLOPs
+
+
+# on tensor cores (16-bit or TF32 operands), FLOPs of full-precision work off them (Eq. 4 in log
+
+
+# space), and the compulsory HBM traffic: every kernel reads each input and writes each output
+
+
+# once (a tile re-read by several programs is taken to hit L2). Elementwise work (exp, masks) is not
+
+
+# counted. q, k, v, o take act_bytes (bf16: 2); gates and every intermediate are float32.
+
+
+def _cost(tc_flops=0, fp32_flops=0, nbytes=0):
+    return {"tc_flops": tc_flops, "fp32_flops": fp32_flops, "bytes": nbytes}
+
+
+def _add_costs(costs):
+    return _cost(*(sum(c[key] for c in costs) for key in ("tc_flops", "fp32_flops", "bytes")))
+
+
+def _chunk_state_bytes(B, T, H, K, V, C):
+    """The float32 states of every chunk, ``[B, H, ⌈T/C⌉, K, V]``, as chunk_gla materialises them."""
+    return B * -(-T // C) * state_bytes(H, K, V)
+
+
+def chunk_gla_stage_costs(B, T, H, K, V, C=64, c=16, act_bytes=2, gate_bytes=4) -> dict:
+    """Cost of each forward kernel of ``gla_ref.triton.chunk_gla`` (chapter 4), the FLOPs from
+    :func:`two_level_flop_split`: ``cumsum`` (g → Γ), ``state`` (the inter-chunk recurrence: k, v, Γ
+    → a float32 state per chunk), ``intra`` (q, k, Γ → the float32 ``C × C`` blocks A: sub-chunk
+    pairs on tensor cores, diagonal tiles in float32) and ``output`` (q, Γ, states, A, v → o by
+    ``(Q ⊙ Λ) S + A V``)."""
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, c=c, act_bytes=act_bytes, gate_bytes=gate_bytes)
+    f = {key: B * H * n for key, n in two_level_flop_split(T, C, c, K, V).items() if key != "half_fraction"}
+    xk, xv = B * T * H * K, B * T * H * V  # elements of q, k or Γ; of v or o
+    states, A = _chunk_state_bytes(B, T, H, K, V, C), B * T * H * C * 4
+    return {
+        "cumsum": _cost(nbytes=xk * (gate_bytes + 4)),
+        "state": _cost(f["state"], 0, (xk + xv) * act_bytes + xk * 4 + states),
+        "intra": _cost(f["inter_sub_chunk"], f["intra_sub_chunk"], 2 * xk * act_bytes + xk * 4 + A),
+        "output": _cost(f["inter_chunk"] + f["pv"], 0, xk * (act_bytes + 4) + states + A + 2 * xv * act_bytes),
+    }
+
+
+def fused_chunk_gla_cost(B, T, H, K, V, C=16, act_bytes=2, gate_bytes=4) -> dict:
+    """Cost of ``gla_ref.triton.fused_chunk_gla``'s forward (Alg. 5): q, k, v, g read, o written once in
+    its dtype, no state leaving the chip. The whole ``C × C`` block P by Eq. 4 in float32 (``c = C``),
+    the rest on tensor cores. (The kernel rebuilds P in each of a head's value blocks: it issues
+    those float32 FLOPs ``⌈V/BV⌉`` times; the model counts the algorithm's.)"""
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, act_bytes=act_bytes, gate_bytes=gate_bytes)
+    f = two_level_flop_split(T, C, C, K, V)
+    xk, xv = B * T * H * K, B * T * H * V
+    return _cost(B * H * (f["state"] + f["inter_chunk"] + f["pv"]), B * H * f["intra_sub_chunk"],
+                 xk * (2 * act_bytes + gate_bytes) + 2 * xv * act_bytes)
+
+
+def chunk_simple_gla_cost(B, T, H, K, V, C=64, act_bytes=2, gate_bytes=4) -> dict:
+    """Cost of ``gla_ref.triton.chunk_simple_gla``'s forward: a scalar gate per token and head, so
+    the intra-chunk block is one ``C × C`` matmul (``c = C``, all on tensor cores); kernels: cumsum,
+    state (float32 states per chunk), output (q, k, v, Γ, states → o)."""
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, act_bytes=act_bytes, gate_bytes=gate_bytes)
+    f = two_level_flop_split(T, C, C, K, V)
+    xk, xv, xg = B * T * H * K, B * T * H * V, B * T * H
+    states = _chunk_state_bytes(B, T, H, K, V, C)
+    nbytes = (xg * (gate_bytes + 4)                                   # cumsum
+              + (xk + xv) * act_bytes + xg * 4 + states               # state
+              + (2 * xk + 2 * xv) * act_bytes + xg * 4 + states)      # output
+    return _cost(B * H * (f["half_matmul"] + f["full_precision"]), 0, nbytes)
+
+
+def sdpa_causal_cost(B, T, H, K, V, act_bytes=2) -> dict:
+    """Cost of causal softmax attention by a FlashAttention-2-style forward: the ``T(T+1)/2`` pairs of
+    the causal triangle at 2K FLOPs (``QKᵀ``) plus 2V (``PV``) each, on tensor cores (the softmax's
+    exp not counted); q, k, v read and o written once, one float32 log-sum-exp per query kept for
+    the backward. K = V = d gives half of :func:`flops_attention` plus the diagonal's 2Td."""
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes)
+    pairs = T * (T + 1) // 2
+    xk, xv = B * T * H * K, B * T * H * V
+    return _cost(B * H * pairs * 2 * (K + V), 0, (2 * xk + 2 * xv) * act_bytes + B * H * T * 4)
+
+
+def forward_cost(name, B, T, H, K, V, act_bytes=2) -> dict:
+    """The forward cost of a candidate of ``benchmarks/bench_triton.py`` by its name, at the default
+    chunk sizes of its kernel (chunk_gla and chunk_simple_gla 64 with sub-chunks of 16,
+    fused_chunk_gla 16)."""
+    models = {
+        "chunk_gla": lambda: _add_costs(chunk_gla_stage_costs(B, T, H, K, V, act_bytes=act_bytes).values()),
+        "fused_chunk_gla": lambda: fused_chunk_gla_cost(B, T, H, K, V, act_bytes=act_bytes),
+        "chunk_simple_gla": lambda: chunk_simple_gla_cost(B, T, H, K, V, act_bytes=act_bytes),
+        "sdpa_flash": lambda: sdpa_causal_cost(B, T, H, K, V, act_bytes=act_bytes),
+    }
+    if name not in models:
+        raise ValueError(f"name must be one of {sorted(models)}, got {name!r}")
+    return models[name]()
+
+
+def forward_allocations(name, B, T, H, K, V, act_bytes=2) -> dict:
+    """Bytes of each tensor that one forward of a ``gla_ref.triton`` kernel allocates at its default
+    chunk size (64), no final state asked for. All are alive at once at its end, so their sum is the forward's peak memory above its
+    inputs: ``chunk_gla`` Γ, the states of every chunk, A and o; ``chunk_simple_gla`` the summed
+    scalar gate, Γ, the states and o; ``fused_chunk_gla`` o alone."""
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes)
+    xk, xv, xg = B * T * H * K, B * T * H * V, B * T * H
+    allocs = {
+        "chunk_gla": lambda: {"Γ": xk * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64),
+                              "A": B * T * H * 64 * 4, "o": xv * act_bytes},
+        "chunk_simple_gla": lambda: {"g": xg * 4, "Γ": xg * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64),
+                                     "o": xv * act_bytes},
+        "fused_chunk_gla": lambda: {"o": xv * act_bytes},
+    }
+    if name not in allocs:
+        raise ValueError(f"name must be one of {sorted(allocs)}, got {name!r}")
+    return allocs[name]()
+
+
+def roofline(cost: dict, peaks: dict, ms=None) -> dict:
+    """A cost against a device's peaks (chapter 4's roofline bound with two compute ceilings):
+    ``compute_ms`` = tensor-core FLOPs at the bf16 peak plus full-precision FLOPs at the fp32 peak,
+    ``memory_ms`` = bytes at the HBM bandwidth, ``bound_ms`` the larger, ``limit`` which one it is,
+    ``intensity`` FLOPs per byte.
+    Given a measured time ``ms``: achieved ``TFLOPs`` and ``GBps``, and ``fraction`` = bound_ms / ms
+    (1 means running at the roof)."""
+    compute_ms = (cost["tc_flops"] / peaks["bf16_TFLOPs"] + cost["fp32_flops"] / peaks["fp32_TFLOPs"]) / 1e9
+    memory_ms = cost["bytes"] / peaks["hbm_GBps"] / 1e6
+    flops = cost["tc_flops"] + cost["fp32_flops"]
+    out = {"compute_ms": compute_ms, "memory_ms": memory_ms, "bound_ms": max(compute_ms, memory_ms),
+           "limit": "compute" if compute_ms >= memory_ms else "memory", "intensity": flops / cost["bytes"]}
+    if ms is not None:
+        if not ms > 0:
+            raise ValueError(f"ms must be a positive time, got {ms!r}")
+        out.update(TFLOPs=flops / ms / 1e9, GBps=cost["bytes"] / ms / 1e6, fraction=out["bound_ms"] / ms)
+    return out

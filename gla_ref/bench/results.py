@@ -1,0 +1,126 @@
+"""Stored results: where they are, how they are read, and the curves chapters draw from them.
+
+Benchmark scripts (``benchmarks/*.py`` in the repository) write JSON files named
+``<prefix>_<device>.json`` into ``benchmarks/results/``. The same files travel inside the
+package as ``gla_ref.bench.stored``, so a pip-installed ``gla_ref`` finds them too:
+:func:`results_dir` says which folder is read, :func:`latest_results` picks the newest file of a kind.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+
+ENV_STAMP = ("device", "date", "python")
+"""Keys every stored result's ``env`` must hold (written by :func:`gla_ref.bench.environment`)."""
+
+
+def slug(text: str) -> str:
+    """``text`` as part of a file name: lower case, every run of other characters one underscore
+    (``"NVIDIA H200"`` → ``"nvidia_h200"``): how result files name their device."""
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def load_results(path) -> dict:
+    """A stored benchmark result (JSON). A ValueError unless it carries the stamp of where it was
+    measured, ``env`` with :data:`ENV_STAMP` and a torch or jax version, and a list of ``rows``."""
+    import json
+
+    path = pathlib.Path(path)
+    data = json.loads(path.read_text())
+    env = data.get("env") if isinstance(data, dict) else None
+    if not isinstance(env, dict):
+        raise ValueError(f"{path.name}: no 'env' stamp; a result must record its device, versions and "
+                         "date (gla_ref.bench.environment())")
+    missing = [key for key in ENV_STAMP if not env.get(key)]
+    if not any(env.get(fw) for fw in ("torch", "jax")):
+        missing.append("a torch or jax version")
+    if missing:
+        raise ValueError(f"{path.name}: the 'env' stamp lacks {', '.join(missing)}")
+    if not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path.name}: expected a list of rows under 'rows'")
+    return data
+
+
+SCRIPTS = {
+    "triton_bench": "bench_triton.py",
+    "chunk_size_sweep": "bench_chunk_size.py",
+    "pallas_bench": "bench_pallas.py",
+    "grad_memory": "grad_memory.py",
+    "chunk_profile": "profile_chunk.py",
+    "triton_accuracy": "triton_accuracy.py",
+    "triton_config_sweep": "triton_config_sweep.py",
+    "notebooks": "run_notebooks.py",
+}
+"""The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
+
+
+def results_dir() -> pathlib.Path:
+    """The folder results are read from: ``benchmarks/results`` of the checkout this ``gla_ref`` was
+    imported from (a clone, an editable install), else the copy installed with the package
+    (``gla_ref/bench/stored`` of a wheel)."""
+    here = pathlib.Path(__file__).resolve().parent
+    checkout = here.parents[1] / "benchmarks" / "results"
+    return checkout if checkout.is_dir() else here / "stored"
+
+
+def latest_results(prefix: str, folder=None):
+    """``(path, result)`` of the newest ``<prefix>_*.json`` in ``folder`` (default: the one
+    :func:`results_dir` names): the latest date in its stamp, then the most rows (a full run over a
+    partial one of the same day), then the file name. None when there is no such file."""
+    folder = results_dir() if folder is None else pathlib.Path(folder)
+    found = [(p, load_results(p)) for p in sorted(folder.glob(f"{prefix}_*.json"))]
+    return max(found, key=lambda pr: (pr[1]["env"]["date"], len(pr[1]["rows"]), pr[0].name)) if found else None
+
+
+def hint(prefix: str) -> str:
+    """What to run to produce a result of kind ``prefix`` (printed where none is stored): the commands
+    from a fresh clone of the repository, since the benchmark scripts are not installed with the package."""
+    from gla_ref.runtime import repository_url
+
+    if prefix not in SCRIPTS:
+        raise ValueError(f"prefix must be one of {sorted(SCRIPTS)}, got {prefix!r}")
+    url = repository_url()
+    return (f"no stored {prefix} result in {results_dir()}; on a CUDA GPU run:\n"
+            f"  git clone {url} && cd {url.rstrip('/').rsplit('/', 1)[-1]} && "
+            f"pip install -e '.[all]' && python benchmarks/{SCRIPTS[prefix]}")
+
+
+def series(result: dict, name: str, metric: str = "fwd_bwd"):
+    """``(Ts, values)`` of one candidate of a stored result, sorted by T. ``metric`` is a row key: a
+    timing dict gives its ``median_ms`` (``"fwd"``, ``"fwd_bwd"``), a number is taken as it is
+    (``"fwd_bwd_peak_bytes"``; ``"median_ms"``, ``"compile_ms"`` of Pallas results). Rows without it
+    (an error, out of memory) are left out."""
+    pts = sorted((r["T"], r[metric]["median_ms"] if isinstance(r[metric], dict) else r[metric])
+                 for r in result["rows"] if r.get("name") == name and metric in r)
+    return [T for T, _ in pts], [x for _, x in pts]
+
+
+def common_series(result: dict, names, metric: str = "fwd_bwd"):
+    """``(Ts, {name: values})`` of several candidates (:func:`series`) on the lengths they all have."""
+    per = {name: dict(zip(*series(result, name, metric))) for name in names}
+    Ts = sorted(set.intersection(*(set(p) for p in per.values()))) if per else []
+    return Ts, {name: [p[T] for T in Ts] for name, p in per.items()}
+
+
+def crossover_T(Ts, a, b):
+    """The length at which curve ``a`` first falls to curve ``b`` (a linear-time kernel against
+    quadratic attention, say): ``log(a/b)`` interpolated linearly in ``log T`` between the two
+    measured lengths around its first sign change. None when ``a`` is not above ``b`` at the first
+    length, or never falls to it."""
+    import math
+
+    if not len(Ts) == len(a) == len(b) or len(Ts) < 2:
+        raise ValueError(f"Ts, a and b must have one length >= 2, got {len(Ts)}, {len(a)}, {len(b)}")
+    if any(x <= 0 for x in (*Ts, *a, *b)) or any(t1 <= t0 for t0, t1 in zip(Ts, Ts[1:])):
+        raise ValueError("Ts must be increasing, and Ts, a and b positive")
+    r = [math.log(x / y) for x, y in zip(a, b)]
+    if r[0] <= 0:
+        return None
+    for i in range(len(r) - 1):
+        if r[i + 1] <= 0:  # the zero of the line through (log T_i, r_i) and (log T_i+1, r_i+1)
+            x0, x1 = math.log(Ts[i]), math.log(Ts[i + 1])
+            return math.exp(x0 + r[i] * (x1 - x0) / (r[i] - r[i + 1]))
+    return None
