@@ -14,13 +14,14 @@ NOTEBOOKS_MD := $(sort $(wildcard notebooks/[0-9][0-9]_*.md))
 NOTEBOOKS := $(NOTEBOOKS_MD:.md=.ipynb)
 JOBS ?= 2
 
-.PHONY: test unit nbval book book-build site-check notebooks browser bench clean
+.PHONY: test unit nbval reader book book-build site-check notebooks browser bench clean
 
 # ---- environment -----------------------------------------------------------------------------
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c "import sys; sys.exit(0 if sys.version_info >= (3, 11) else 'gla-book needs Python 3.11 or newer (jax >= 0.10 does); run make PYTHON=python3.11 ...')"
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)" $(PIP_TORCH_ARGS)
-	$(PY) -m pip install -q -e ".[test,book]"
+	$(PY) -m pip install -q -e ".[torch,jax,flax,test,book]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 	touch $@
 
@@ -31,15 +32,20 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	  else echo "make test needs chromium and chromedriver on PATH (e.g. apt-get install chromium chromium-driver)"; exit 1; fi; }
 
-# ---- make test: unit tests, nbval over every notebook, the book from stored outputs, browser check
+# ---- make test: unit tests, nbval over every notebook, the reader's test (the wheel in a fresh
+# environment, every notebook executed outside the repository), the book from stored outputs, browser check
 test: $(STAMP) browser
-	$(PY) -m pytest tests --ignore=tests/site -n $(JOBS) -q
+	$(PY) -m pytest tests --ignore=tests/site --ignore=tests/reader -n $(JOBS) -q
 	$(PY) -m pytest --nbval-lax $(NOTEBOOKS) -q
+	$(MAKE) reader
 	$(MAKE) book-build
 	$(PY) -m pytest tests/site -q
 
 unit: $(STAMP)
-	$(PY) -m pytest tests --ignore=tests/site -n $(JOBS) -q
+	$(PY) -m pytest tests --ignore=tests/site --ignore=tests/reader -n $(JOBS) -q
+
+reader: $(STAMP)
+	TORCH_SPEC="$(TORCH_SPEC)" PIP_TORCH_ARGS="$(PIP_TORCH_ARGS)" $(PY) -m pytest tests/reader -q -p no:xdist
 
 nbval: $(STAMP)
 	$(PY) -m pytest --nbval-lax $(NOTEBOOKS) -q

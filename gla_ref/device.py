@@ -6,16 +6,24 @@ Every notebook and kernel asks this module what runs where:
 * a TPU            -> Pallas lowered through Mosaic;
 * neither (a CPU)  -> Triton's interpreter and Pallas ``interpret=True``.
 
+On a TPU runtime (Colab's), PyTorch runs on the CPU, so the Triton kernels run in the interpreter
+there too. Where Triton cannot be installed (macOS, Windows) its cells are skipped (``%%needs
+triton``, :mod:`gla_ref.runtime`).
+
 Frameworks are imported lazily, so ``import gla_ref.device`` stays cheap.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from functools import lru_cache
 
-_DEBUG = False
+from gla_ref._validate import check_flag
+
+_DEBUG = contextvars.ContextVar("gla_ref_debug", default=False)
+"""The debug switch, per context (thread or asyncio task): see :func:`debug`."""
 
 
 @lru_cache(maxsize=None)
@@ -73,40 +81,84 @@ def backend() -> str:
     return "cpu"
 
 
+def has_triton() -> bool:
+    """Whether Triton can be imported here (pip has no Triton for macOS or Windows), without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+def _jax_platform_or_none():
+    """JAX's default platform, or None where JAX is not installed."""
+    try:
+        return jax_platform()
+    except ImportError:
+        return None
+
+
 def describe() -> str:
-    """One line naming the device and what will run on it (printed by every chapter's setup cell)."""
-    kind = backend()
-    if kind == "cuda":
+    """What will run where on this machine, in one line (printed by every chapter's setup cell).
+
+    Names the accelerator, then where the Triton kernels run (compiled for a CUDA GPU, Triton's CPU
+    interpreter, or skipped without Triton) and where the Pallas kernels run (Mosaic on a TPU, the GPU,
+    or interpret mode on the CPU — also when a GPU is present but this jax has no GPU backend)."""
+    platform = _jax_platform_or_none()
+    if has_cuda():
         import torch
 
-        return f"GPU {torch.cuda.get_device_name()}: native Triton kernels, Pallas on its Triton backend"
-    if kind == "tpu":
-        return "TPU: Pallas kernels lowered through Mosaic (Triton kernels are not available)"
-    return "CPU: Triton's interpreter and Pallas interpret mode (small shapes, fp32/fp16)"
+        head = f"GPU {torch.cuda.get_device_name()}"
+        triton = "Triton kernels compiled for this GPU" if has_triton() else "Triton not installed: its cells skip"
+    else:
+        head = f"TPU ({_tpu_kind()})" if platform == "tpu" else "CPU"
+        triton = ("Triton kernels in Triton's CPU interpreter (fp32/fp16, small shapes)" if has_triton()
+                  else "Triton not installed here: its cells skip")
+    pallas = {
+        None: "JAX not installed: Pallas cells skip",
+        "tpu": "Pallas lowered through Mosaic TPU",
+        "gpu": "Pallas on the GPU (its Triton backend)",
+        "cpu": ("Pallas in interpret mode on the CPU (this jax has no GPU backend)" if has_cuda()
+                else "Pallas in interpret mode on the CPU"),
+    }.get(platform, f"Pallas on {platform}")
+    return f"{head}: {triton}; {pallas}"
+
+
+def _tpu_kind() -> str:
+    import jax
+
+    return jax.devices()[0].device_kind
 
 
 def debug(enabled: bool = True):
-    """Turn value checks in kernels on or off (NaN/inf inputs, positive log-gates).
+    """Turn the kernels' value checks (NaN/inf inputs, positive log-gates) on or off, in this context.
 
-    Checks need a device sync, so they are off by default. Works as a call or a context manager::
+    The checks need a device sync, so they are off by default. The switch is a context variable:
+    each thread has its own (a new thread starts with it off), and an asyncio task starts with its
+    creator's value and keeps its own changes to itself. Two forms:
 
-        gla_ref.device.debug(True)
-        with gla_ref.device.debug(True): ...
+    * ``gla_ref.device.debug(True)``, a plain call, sets it at once for the rest of the current
+      context, until the next call (in Jupyter it lasts into the following cells, except with
+      ipykernel 7.0.0 or when made in a cell that uses top-level ``await``);
+    * ``with gla_ref.device.debug(True): ...`` sets it for the block: on entering (again, in case it
+      changed since the call), and on leaving, normally or by an exception, it returns to the value
+      it had before the ``debug(...)`` call. Blocks nest. Enter the returned object once, in the
+      thread or task that made the call.
+
+    ``enabled`` is a bool (or ``numpy.bool_``); anything else is a TypeError.
     """
-    global _DEBUG
-    previous, _DEBUG = _DEBUG, bool(enabled)
+    value = check_flag("enabled", enabled)
+    token = _DEBUG.set(value)
 
     @contextlib.contextmanager
-    def _restore():
-        global _DEBUG
+    def _scope():
+        _DEBUG.set(value)
         try:
             yield
         finally:
-            _DEBUG = previous
+            _DEBUG.reset(token)
 
-    return _restore()
+    return _scope()
 
 
 def is_debug() -> bool:
-    """Whether kernels check input values before launching."""
-    return _DEBUG
+    """Whether kernels check input values before launching, in the current context."""
+    return _DEBUG.get()

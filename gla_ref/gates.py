@@ -17,15 +17,22 @@ from __future__ import annotations
 
 import math
 
+import sys
+
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 LN2 = math.log(2.0)
 
 
+def _is_tensor(x) -> bool:
+    """Whether ``x`` is a torch.Tensor (without importing torch: none can exist before it is imported)."""
+    return "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor)
+
+
 def _as_tensor(name, x):
-    if isinstance(x, torch.Tensor):
+    import torch
+
+    if _is_tensor(x):
         return x
     if isinstance(x, (int, float, np.ndarray, np.floating, list, tuple)):
         return torch.as_tensor(np.asarray(x, dtype=np.float64))
@@ -33,6 +40,8 @@ def _as_tensor(name, x):
 
 
 def _check_log_gate(name, g):
+    import torch
+
     if not torch.is_floating_point(g):
         raise TypeError(f"{name} must be a floating tensor of log-gates, got dtype {g.dtype}")
     if torch.isnan(g).any() or (g > 0).any():
@@ -46,6 +55,8 @@ def lowrank_log_gate(x, W1, W2, b, tau=16.0):
     ever forming α, so slow gates (α close to 1) keep their precision.
     Shapes: x ``[..., d]``, W1 ``[d, r]``, W2 ``[r, K]``, b ``[K]`` → g ``[..., K]``.
     """
+    import torch
+
     for name, t in (("x", x), ("W1", W1), ("W2", W2), ("b", b)):
         if not isinstance(t, torch.Tensor) or not torch.is_floating_point(t):
             raise TypeError(f"{name} must be a floating torch.Tensor")
@@ -59,7 +70,7 @@ def lowrank_log_gate(x, W1, W2, b, tau=16.0):
         raise ValueError(f"b must have shape [K] = [{W2.shape[1]}], got {tuple(b.shape)}")
     if not (isinstance(tau, (int, float)) and tau > 0):
         raise ValueError(f"tau must be a positive number, got {tau!r}")
-    return F.logsigmoid(x @ W1 @ W2 + b) / tau
+    return torch.nn.functional.logsigmoid(x @ W1 @ W2 + b) / tau
 
 
 def _slopes_power_of_2(n):
@@ -91,7 +102,7 @@ def slopes_to_g_gamma(slopes, scale=1.0):
     """
     if not (isinstance(scale, (int, float)) and scale > 0):
         raise ValueError(f"scale must be a positive number, got {scale!r}")
-    s = slopes if isinstance(slopes, torch.Tensor) else np.asarray(slopes, dtype=np.float64)
+    s = slopes if _is_tensor(slopes) else np.asarray(slopes, dtype=np.float64)
     if s.ndim != 1:
         raise ValueError(f"slopes must have shape [H], got {tuple(s.shape)}")
     if not bool((s > 0).all()):
@@ -113,6 +124,8 @@ def decay_matrix(g, T):
     ``g``: a scalar (constant decay, ``log b_t = t·g``), ``[T]`` (one gate per step) or ``[T, K]``
     (one per step and key channel, giving ``[T, T, K]``). Computed in log space, masked by ``where``.
     """
+    import torch
+
     g = _as_tensor("g", g)
     _check_log_gate("g", g)
     if not isinstance(T, int) or isinstance(T, bool) or T < 1:
@@ -136,6 +149,8 @@ def cumulative_gate(g, dtype, dim=0):
     as a loop in that precision would do. It underflows, stalls or reaches 0 for long sequences —
     compare with ``exp(cumsum(g))`` in float64.
     """
+    import torch
+
     g = _as_tensor("g", g)
     _check_log_gate("g", g)
     if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
@@ -157,6 +172,8 @@ def underflow_steps(log_alpha, dtype, T, rel_tol=0.5):
     against the exact ``α^t`` exceeds ``rel_tol`` ("all precision lost"), and the first step at which
     ``b_t == 0``; −1 where it does not happen within T steps.
     """
+    import torch
+
     g = _as_tensor("log_alpha", log_alpha).double()
     if g.dim() != 1:
         raise ValueError(f"log_alpha must have shape [n], got {tuple(g.shape)}")
@@ -172,6 +189,8 @@ def underflow_steps(log_alpha, dtype, T, rel_tol=0.5):
 
 
 def _first_step(mask):
+    import torch
+
     hit = mask.any(dim=0)
     return torch.where(hit, mask.double().argmax(dim=0) + 1, -1).numpy()
 
@@ -183,6 +202,8 @@ def log2_cumsum(g, chunk_size=None, dim=0):
     paid once here instead of at every exponential. With ``chunk_size`` the sum restarts every
     ``chunk_size`` steps, as the older kernel (``fwd_decay_cumsum``, chunks of 16) did.
     """
+    import torch
+
     g = _as_tensor("g", g)
     _check_log_gate("g", g)
     g2 = (g / LN2).movedim(dim, 0)
@@ -202,10 +223,12 @@ def memory_horizon(log_alpha, fraction=math.exp(-1.0)):
     """
     if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
         raise ValueError(f"fraction must be in (0, 1), got {fraction!r}")
-    g = log_alpha if isinstance(log_alpha, torch.Tensor) else np.asarray(log_alpha, dtype=np.float64)
+    g = log_alpha if _is_tensor(log_alpha) else np.asarray(log_alpha, dtype=np.float64)
     if bool((g > 0).any()) or bool((g != g).any()):
         raise ValueError("log_alpha must hold log-gates g = log α <= 0 (no NaN)")
-    if isinstance(g, torch.Tensor):
+    if _is_tensor(g):
+        import torch
+
         return torch.where(g < 0, math.log(fraction) / torch.where(g < 0, g, -1.0), math.inf)
     out = np.where(g < 0, math.log(fraction) / np.where(g < 0, g, -1.0), np.inf)
     return float(out) if out.ndim == 0 else out
