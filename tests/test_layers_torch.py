@@ -1,0 +1,337 @@
+"""PyTorch layers (gla_ref.layers.torch): Triton backends against the reference, prefill + decode against
+one pass, gradients to every parameter, the parameter count, FLA's state dict, and argument errors.
+
+CPU: the Triton kernels run in the interpreter, in float32, at tiny sizes (d = 32, H = 2, so K = 8 and
+V = 16 per head at the paper's expand_k = 1/2, expand_v = 1; T = 19 is no multiple of a chunk size;
+a batch of one where a kernel runs, since the interpreter's time grows with the grid).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gla_ref.layers import config
+from gla_ref.layers.torch import (MIXERS, GatedLinearAttention, GLABlock, GLALM, GroupRMSNorm,
+                                  SimpleGatedLinearAttention)
+from gla_ref.testing import assert_close
+from recurrence64 import recurrence64
+
+D, H, B, T = 32, 2, 2, 19
+TOL = 1e-5  # relative RMSE, float32 against float32 (seen: ~3e-7 for outputs, ~1e-6 for gradients)
+SIMPLE = dict(group_norm_size=2, use_qk_norm=True, layer_idx=1, num_layers=3)
+
+
+def _x(T=T, seed=0, batch=B):
+    return torch.randn(batch, T, D, generator=torch.Generator().manual_seed(seed))
+
+
+def _gla(seed=0, **kw):
+    torch.manual_seed(seed)
+    return GatedLinearAttention(D, H, **kw)
+
+
+def _simple(seed=0, **kw):
+    torch.manual_seed(seed)
+    return SimpleGatedLinearAttention(D, H, **SIMPLE, **kw)
+
+
+def _same_weights(layer, make, backend):
+    twin = make(backend=backend)
+    twin.load_state_dict(layer.state_dict())
+    return twin
+
+
+def _run_with_grads(layer, x, h0, cotangents):
+    """y and final state from h0, and the gradients of ⟨y, c_y⟩ + ⟨S, c_S⟩ for every parameter, x and h0."""
+    x, h0 = x.clone().requires_grad_(), h0.clone().requires_grad_()
+    layer.zero_grad()
+    y, S = layer(x, initial_state=h0, output_final_state=True)
+    ((y * cotangents[0]).sum() + (S * cotangents[1]).sum()).backward()
+    grads = {name: p.grad for name, p in layer.named_parameters()}
+    return y.detach(), S.detach(), {**grads, "x": x.grad, "initial_state": h0.grad}
+
+
+# ----------------------------------------------------------------------------- backends
+
+KERNEL_CASES = [("gla", "chunk"), ("gla", "fused_chunk"), ("gla", "fused_recurrent"),
+                ("scalar", "fused_recurrent"), ("const", "fused_recurrent"), ("none", "fused_recurrent")]
+
+
+@pytest.mark.parametrize("make, backend", [
+    *[pytest.param(lambda gate=gate, **kw: _gla(gate=gate, **kw), b, id=f"{gate}-{b}") for gate, b in KERNEL_CASES],
+    pytest.param(_simple, "chunk", id="simple-chunk")])
+def test_kernel_backend_matches_reference(make, backend):
+    ref = make(backend="reference")
+    kernel = _same_weights(ref, make, backend)
+    _, H_, K, V = ref.dims
+    gen = torch.Generator().manual_seed(1)
+    h0 = torch.randn(1, H_, K, V, generator=gen)
+    cot = (torch.randn(1, T, D, generator=gen), torch.randn(1, H_, K, V, generator=gen))
+    y_ref, S_ref, g_ref = _run_with_grads(ref, _x(batch=1), h0, cot)
+    y, S, grads = _run_with_grads(kernel, _x(batch=1), h0, cot)
+    assert_close("y", y_ref, y, TOL)
+    assert_close("final state", S_ref, S, TOL)
+    assert grads.keys() == g_ref.keys()
+    for name, g in g_ref.items():
+        assert_close(f"d{name}", g, grads[name], TOL)
+
+
+# ----------------------------------------------------------------------------- prefill and decode
+
+@pytest.mark.parametrize("make, batch", [
+    pytest.param(lambda: _gla(backend="chunk"), 1, id="gla-chunk"),
+    *[pytest.param(lambda gate=gate: _gla(gate=gate, norm="layer", backend="reference"), B, id=f"{gate}-reference")
+      for gate in config.GATES],
+    pytest.param(lambda: _simple(backend="chunk"), 1, id="simple-chunk")])
+def test_prefill_then_decode_equals_one_pass(make, batch):
+    """Two chunkwise calls (the second from the first's state), then one token at a time with ``step``."""
+    layer, x = make(), _x(batch=batch)
+    with torch.no_grad():
+        y_full, S_full = layer(x, output_final_state=True)
+        y_a, S = layer(x[:, :8], output_final_state=True)
+        y_b, S = layer(x[:, 8:14], initial_state=S, output_final_state=True)
+        ys = [y_a, y_b]
+        for t in range(14, T):
+            y_t, S = layer.step(x[:, t], S)
+            ys.append(y_t[:, None])
+    assert_close("y", y_full, torch.cat(ys, 1), TOL)
+    assert_close("state", S_full, S, TOL)
+    assert layer(x)[1] is None  # no state unless asked for
+
+
+def test_step_from_no_state_is_the_first_token():
+    layer, x = _gla(backend="reference"), _x(T=1)
+    with torch.no_grad():
+        y, S = layer(x, output_final_state=True)
+        y_t, S_t = layer.step(x[:, 0])
+    assert_close("y", y[:, 0], y_t, TOL)
+    assert_close("state", S, S_t, TOL)
+
+
+# ----------------------------------------------------------------------------- gradients and sizes
+
+@pytest.mark.parametrize("make", [
+    *[pytest.param(lambda gate=gate, norm=norm: _gla(gate=gate, norm=norm, backend="reference"), id=f"{gate}-{norm}")
+      for gate in config.GATES for norm in config.NORMS],
+    pytest.param(lambda: _simple(backend="reference"), id="simple")])
+def test_gradients_reach_every_parameter(make):
+    layer = make()
+    y, S = layer(_x(), output_final_state=True)
+    (y.square().mean() + S.square().mean()).backward()
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name} gets no gradient"
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(norm="layer"), dict(gate="scalar"), dict(gate="const"),
+                                dict(gate="none", expand_k=1.0, expand_v=2.0, num_heads=4),
+                                dict(gate_low_rank_dim=5, expand_k=0.75)])
+def test_parameter_count(kw):
+    args = {"hidden_size": 48, "num_heads": 2, **kw}
+    layer = GatedLinearAttention(**args, backend="reference")
+    assert sum(p.numel() for p in layer.parameters()) == config.gla_num_params(**args)
+
+
+def test_parameter_count_of_the_papers_layer_is_about_4d2():
+    """d_k = d/2, d_v = d, r = 16: exactly 4d² + 3rd/2 + d/2 + d/H, within 3 % of 4d² at d = 512."""
+    for d, heads in ((64, 4), (512, 4)):
+        n = sum(p.numel() for p in GatedLinearAttention(d, heads, backend="reference").parameters())
+        assert n == 4 * d * d + 3 * 16 * d // 2 + d // 2 + d // heads
+    assert abs(n / (4 * 512 ** 2) - 1) < 0.03
+
+
+@pytest.mark.parametrize("use_qk_norm", [False, True])
+def test_simple_parameter_count(use_qk_norm):
+    layer = SimpleGatedLinearAttention(D, 4, use_qk_norm=use_qk_norm, backend="reference")
+    n = sum(p.numel() for p in layer.parameters())
+    assert n == config.simple_num_params(D, 4, use_qk_norm=use_qk_norm) == 5 * D * D + D + (2 * D // 4) * use_qk_norm
+
+
+def test_simple_decay_is_alibi_slopes_scaled_by_layer():
+    """g_gamma = −(1 − l/(L−1) + 1e−5) · m_h, m_h = 2^(−8h/H): strongest in the first layer."""
+    slopes = 2.0 ** (-8.0 * np.arange(1, 5) / 4)
+    for l, scale in ((0, 1 + 1e-5), (1, 0.5 + 1e-5), (2, 1e-5)):
+        layer = SimpleGatedLinearAttention(D, 4, layer_idx=l, num_layers=3, backend="reference")
+        np.testing.assert_allclose(layer.g_gamma.numpy(), -scale * slopes, rtol=1e-6)
+        assert "g_gamma" not in layer.state_dict()
+
+
+def test_group_rms_norm_normalises_each_group():
+    norm = GroupRMSNorm(8, num_groups=2)
+    x = torch.randn(3, 8) * torch.tensor([1.0] * 4 + [100.0] * 4)
+    y = norm(x).unflatten(-1, (2, 4))
+    assert_close("rms of each group", torch.ones(3, 2), y.square().mean(-1).sqrt(), 1e-4)
+
+
+# ----------------------------------------------------------------------------- FLA's state dict
+
+def _fla_state_dict(seed=0):
+    """FLA's GatedLinearAttention(hidden_size=32, num_heads=2) state dict, names and shapes written from
+    its constructor: q/k_proj [d_k, d], v/g_proj [d_v, d], gk_proj = Linear(d, 16, no bias) then
+    Linear(16, d_k), o_proj [d, d_v], g_norm_swish_gate (FusedRMSNormGated over V) [V]."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"q_proj.weight": (16, 32), "k_proj.weight": (16, 32), "v_proj.weight": (32, 32),
+              "g_proj.weight": (32, 32), "gk_proj.0.weight": (16, 32), "gk_proj.1.weight": (16, 16),
+              "gk_proj.1.bias": (16,), "o_proj.weight": (32, 32), "g_norm_swish_gate.weight": (16,)}
+    return {name: torch.randn(shape, generator=gen) * 0.3 for name, shape in shapes.items()}
+
+
+def _fla_forward64(sd, x):
+    """FLA's layer in NumPy float64 from its own weights: the roles of the names, independently of gla_ref."""
+    w = {name: t.double().numpy() for name, t in sd.items()}
+    x = x.double().numpy()
+    heads = lambda a: a.reshape(*a.shape[:-1], 2, -1)  # noqa: E731
+    q, k, v = (heads(x @ w[f"{n}_proj.weight"].T) for n in "qkv")
+    z = x @ w["gk_proj.0.weight"].T @ w["gk_proj.1.weight"].T + w["gk_proj.1.bias"]
+    o, _ = recurrence64(q, k, v, heads(-np.logaddexp(0.0, -z) / 16))
+    o = o / np.sqrt((o ** 2).mean(-1, keepdims=True) + 1e-5) * w["g_norm_swish_gate.weight"]
+    r = heads(x @ w["g_proj.weight"].T)
+    return (o * r / (1 + np.exp(-r))).reshape(B, -1, 32) @ w["o_proj.weight"].T
+
+
+def test_fla_state_dict_loads_and_computes_flas_layer():
+    sd, layer, x = _fla_state_dict(), GatedLinearAttention(32, 2, backend="reference"), _x()
+    layer.load_fla_state_dict(sd)
+    fla_name = {ours: theirs for theirs, ours in config.FLA_RENAMES.items()}
+    for name, p in layer.state_dict().items():
+        assert torch.equal(p, sd[fla_name.get(name, name)]), name
+    with torch.no_grad():
+        assert_close("y", _fla_forward64(sd, x), layer(x)[0], TOL)
+
+
+def test_fla_state_dict_unfused_norm_name_loads():
+    """FLA with fuse_norm=False names the norm g_norm, as we do."""
+    sd = _fla_state_dict()
+    sd["g_norm.weight"] = sd.pop("g_norm_swish_gate.weight")
+    layer = GatedLinearAttention(32, 2, backend="reference")
+    layer.load_fla_state_dict(sd)
+    assert torch.equal(layer.g_norm.weight, sd["g_norm.weight"])
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda sd: sd.update({"q_conv1d.weight": torch.zeros(16, 1, 4)}), r"unexpected \['q_conv1d.weight'\]"),
+    (lambda sd: sd.pop("g_proj.weight"), r"missing \['g_proj.weight'\]"),
+    (lambda sd: sd.update({"k_proj.weight": torch.zeros(8, 32)}),  # FLA's num_kv_heads = 1
+     r"state_dict\['k_proj.weight'\] must have shape \(16, 32\)"),
+])
+def test_fla_state_dict_mismatch_is_refused_before_loading(edit, match):
+    sd, layer = _fla_state_dict(), GatedLinearAttention(32, 2, backend="reference")
+    before = {name: p.clone() for name, p in layer.state_dict().items()}
+    edit(sd)
+    with pytest.raises(ValueError, match=match):
+        layer.load_fla_state_dict(sd)
+    assert all(torch.equal(before[name], p) for name, p in layer.state_dict().items())
+
+
+# ----------------------------------------------------------------------------- the language model
+
+@pytest.mark.parametrize("mixer", [m for m in MIXERS if m != "const"])  # "const" is "retnet"
+def test_lm_decode_equals_one_pass_and_every_parameter_learns(mixer):
+    torch.manual_seed(0)
+    lm = GLALM(50, D, num_layers=2, num_heads=H, mixer=mixer)
+    ids = torch.randint(0, 50, (B, 12), generator=torch.Generator().manual_seed(0))
+    logits, states = lm(ids, output_final_state=True)
+    assert logits.shape == (B, 12, 50) and len(states) == 2
+    F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
+    for name, p in lm.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name} gets no gradient"
+    with torch.no_grad():
+        prefix, s = lm(ids[:, :5], output_final_state=True)
+        steps = [prefix]
+        for t in range(5, 12):
+            out, s = lm.step(ids[:, t], s)
+            steps.append(out[:, None])
+    assert_close("logits", logits.detach(), torch.cat(steps, 1), TOL)
+    for i in range(2):
+        assert_close(f"state {i}", states[i].detach(), s[i], TOL)
+
+
+def test_mixer_names_pick_the_gate_family():
+    for mixer, gate in MIXERS.items():
+        attn = GLABlock(D, mixer, H).attn
+        if gate is None:
+            assert isinstance(attn, SimpleGatedLinearAttention)
+        else:
+            assert isinstance(attn, GatedLinearAttention) and attn.sizes.gate == gate
+
+
+def test_lm_tied_head_is_the_embedding():
+    tied, untied = GLALM(50, D, num_layers=1), GLALM(50, D, num_layers=1, tie_embeddings=False)
+    assert tied.lm_head.weight is tied.embeddings.weight
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(untied) - count(tied) == 50 * D
+
+
+def test_block_is_pre_norm_with_residuals():
+    """With the mixer's and the MLP's output projections zeroed, a block is the identity."""
+    block = GLABlock(D, "gla", H)
+    with torch.no_grad():
+        block.attn.o_proj.weight.zero_()
+        block.mlp.down_proj.weight.zero_()
+        x = _x()
+        assert torch.equal(block(x)[0], x)
+        assert torch.equal(block.step(x[:, 0])[0], x[:, 0])
+
+
+# ----------------------------------------------------------------------------- bad arguments
+
+@pytest.mark.parametrize("build, error, match", [
+    (lambda: GatedLinearAttention(0), ValueError, "hidden_size must be a positive int"),
+    (lambda: GatedLinearAttention(32, 3), ValueError, "key_dim = 16 .* multiple of num_heads = 3"),
+    (lambda: GatedLinearAttention(32, 2, expand_k=0), ValueError, "expand_k"),
+    (lambda: GatedLinearAttention(32, 2, expand_v=0.01), ValueError, "value_dim = 0"),
+    (lambda: GatedLinearAttention(32, 2, gate_low_rank_dim=0), ValueError, "gate_low_rank_dim"),
+    (lambda: GatedLinearAttention(32, 2, gate_logit_normalizer=-1), ValueError, "gate_logit_normalizer"),
+    (lambda: GatedLinearAttention(32, 2, norm="batch"), ValueError, "norm must be one of"),
+    (lambda: GatedLinearAttention(32, 2, backend="flash"), ValueError, "backend must be one of"),
+    (lambda: GatedLinearAttention(32, 2, gate="mamba"), ValueError, "gate must be one of"),
+    (lambda: GatedLinearAttention(32, 2, norm_eps=0), ValueError, "norm_eps"),
+    (lambda: GatedLinearAttention(1024, 1, backend="chunk"), ValueError, "K = 512 per head exceeds 256"),
+    (lambda: SimpleGatedLinearAttention(32, 3), ValueError, "hidden_size = 32 must be a multiple of num_heads"),
+    (lambda: SimpleGatedLinearAttention(32, 4, group_norm_size=3), ValueError, "group_norm_size = 3"),
+    (lambda: SimpleGatedLinearAttention(32, 2, layer_idx=2, num_layers=2), ValueError, "layer_idx"),
+    (lambda: SimpleGatedLinearAttention(32, 2, backend="fused_chunk"), ValueError, "backend"),
+    (lambda: SimpleGatedLinearAttention(32, 2, use_qk_norm=1), TypeError, "use_qk_norm"),
+    (lambda: GroupRMSNorm(10, 3), ValueError, "num_groups = 3 must divide"),
+    (lambda: GLABlock(32, intermediate_size=0), ValueError, "intermediate_size"),
+    (lambda: GLALM(0), ValueError, "vocab_size"),
+    (lambda: GLALM(50, D, mixer="mamba"), ValueError, "mixer must be one of"),
+    (lambda: GLALM(50, D, tie_embeddings="yes"), TypeError, "tie_embeddings"),
+])
+def test_bad_constructor_arguments(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+_LAYER = _gla(backend="reference")
+_LM = GLALM(50, D, num_layers=2, num_heads=H)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: _LAYER(torch.randn(B, T, D + 1)), ValueError, r"x must have shape \[B, T, d\] with d = 32"),
+    (lambda: _LAYER(torch.randn(B, D)), ValueError, r"x must have shape \[B, T, d\]"),
+    (lambda: _LAYER(torch.randn(B, T, D, dtype=torch.float64)), TypeError, "x must have the layer's dtype"),
+    (lambda: _LAYER(np.zeros((B, T, D), np.float32)), TypeError, "x must be a torch.Tensor"),
+    (lambda: _LAYER(_x(), initial_state=torch.zeros(B, H, 8, 8)), ValueError, "initial_state must have shape"),
+    (lambda: _LAYER.step(_x()), ValueError, r"x_t must have shape \[B, d\]"),
+    (lambda: _LAYER.step(_x()[:, 0], torch.zeros(B, H, 16, 8)), ValueError, r"state must have shape \[B, H, K, V\]"),
+    (lambda: _LAYER.step(_x()[:, 0], torch.zeros(B, H, 8, 16, dtype=torch.float64)), TypeError,
+     "state must be float32"),
+    (lambda: _LM(torch.zeros(B, 4)), TypeError, "input_ids must be an int64 or int32"),
+    (lambda: _LM.step(torch.zeros(B, 1, dtype=torch.long)), TypeError, r"token must be .* of shape \[B\]"),
+    (lambda: _LM.step(torch.zeros(B, dtype=torch.long), [None]), ValueError, "states must be None or a list of 2"),
+])
+def test_bad_call_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_package_import_loads_no_framework():
+    code = ("import sys, gla_ref.layers, gla_ref.layers.config; "
+            "assert not {'torch', 'jax', 'triton', 'flax'} & set(sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
