@@ -1,0 +1,144 @@
+"""gla_ref.sequence_parallel.jax on 2, 4 and 8 simulated CPU devices, against jax_ref.chunk_gla on
+one device and the float64 recurrence: outputs, final states and every gradient; the collectives
+it compiles to (one K×V state per hop, whatever T); bad arguments.
+
+This process's JAX already has a single CPU device, so the multi-device checks run in one
+subprocess (tests/_sp_jax_worker.py) whose JAX sees 8; each test reads its part of the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from ref_cases import GRAD_TOL, TOL
+
+from gla_ref.sequence_parallel.jax import chunk_gla
+from gla_ref.testing import as_jax, random_inputs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHAPE = dict(B=2, H=2, K=4, V=3)
+C = 4  # chunk size; T/P tokens per device are 12, 6 and 2 below
+
+# mesh: [[axis name, size], ...]; axes: which mesh axes split B and H
+ACCURACY = {
+    "P2_replicated2_gla": dict(mesh=[["rep", 2], ["seq", 2]], T=24, gate="gla", h0=False),
+    "P4_scalar_h0_slice6": dict(mesh=[["seq", 4]], T=24, gate="scalar", h0=True),  # not a multiple of C
+    "P8_gla_h0_slice2": dict(mesh=[["seq", 8]], T=16, gate="gla", h0=True),  # shorter than a chunk
+    "P4_batch2_none_h0": dict(mesh=[["batch", 2], ["seq", 4]], T=24, gate="none", h0=True,
+                              axes=dict(batch_axis="batch")),
+    "P4_heads2_const": dict(mesh=[["seq", 4], ["heads", 2]], T=24, gate="const", h0=False,
+                            axes=dict(head_axis="heads")),
+}
+BAD = {  # raised before anything runs, on meshes of several devices
+    "T_does_not_split": (dict(mesh=[["seq", 4]], T=10), "q has T=10"),
+    "head_axis_does_not_divide_H": (dict(mesh=[["seq", 2], ["heads", 4]], T=4, axes=dict(head_axis="heads")),
+                                    "head_axis='heads' has 4 devices"),
+}
+
+
+def _cases():
+    cases = {cid: dict(kind="accuracy", shape={**SHAPE, "T": c["T"]}, chunk_size=C, **c)
+             for cid, c in ACCURACY.items()}
+    for cid, (c, _) in BAD.items():
+        cases[cid] = dict(kind="bad_call", shape={**SHAPE, "T": c["T"]}, gate="gla", h0=False,
+                          chunk_size=C, **c)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def worker():
+    """Run every multi-device case in one subprocess with 8 CPU devices (and a timeout)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    argv = [sys.executable, os.path.join(HERE, "_sp_jax_worker.py"), json.dumps(_cases())]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_worker_sees_eight_devices(worker):
+    assert worker["devices"] == 8
+
+
+def _expected_tensors(case):
+    names = ["o", "final_state", "dq", "dk", "dv"]
+    names += [] if case["gate"] == "none" else ["dg"]
+    return names + (["dinitial_state"] if case["h0"] else [])
+
+
+@pytest.mark.parametrize("cid", ACCURACY)
+def test_matches_single_device_and_recurrence64(worker, cid):
+    case, result = ACCURACY[cid], worker["results"][cid]
+    assert result["dtype"] == "float32"
+    errors = result["errors"]
+    assert sorted(errors) == sorted(_expected_tensors(case))  # every output and every gradient
+    for name, (vs_ref, vs_64) in errors.items():
+        assert vs_ref < 1e-5, f"{name} vs jax_ref.chunk_gla: {vs_ref:.2e}"
+        tol = TOL if name in ("o", "final_state") else GRAD_TOL
+        assert vs_64 < tol, f"{name} vs recurrence64: {vs_64:.2e}"
+
+
+def _mesh_size(case, axis):
+    return dict(case["mesh"]).get(case.get("axes", {}).get(axis), 1)
+
+
+@pytest.mark.parametrize("cid", ACCURACY)
+def test_communication_is_one_state_per_hop(worker, cid):
+    """The compiled forward + backward moves P−1 states forward and P−1 back (collective-permutes),
+    sums the final state once (a psum hands it to every device) and dh0 once, each a device's
+    [B, H, K, V] share, plus the [H] gradient of a constant gate: T (24 or 16 here) appears
+    nowhere, and nothing else crosses devices."""
+    case, ops = ACCURACY[cid], worker["results"][cid]["collectives"]
+    P = dict(case["mesh"])["seq"]
+    B, H = SHAPE["B"] // _mesh_size(case, "batch_axis"), SHAPE["H"] // _mesh_size(case, "head_axis")
+    state = f"f32[{B},{H},{SHAPE['K']},{SHAPE['V']}]"
+    expected = [["collective-permute", state]] * (2 * (P - 1))
+    expected += [["all-reduce", state]] * (1 + case["h0"])
+    expected += [["all-reduce", f"f32[{H}]"]] if case["gate"] == "const" else []
+    assert sorted(ops) == sorted(expected)
+
+
+@pytest.mark.parametrize("cid", BAD)
+def test_bad_split_is_a_value_error(worker, cid):
+    kind, message = worker["results"][cid]
+    assert kind == "ValueError" and BAD[cid][1] in message, message
+
+
+# ----------------------------------------------------------------------------- one device, here
+
+def _one_device(axes=("seq",)):
+    return Mesh(np.array(jax.devices()[:1]).reshape((1,) * len(axes)), axes)
+
+
+@pytest.mark.parametrize("change,error,words", [
+    (dict(mesh="seq"), TypeError, "mesh must be a jax.sharding.Mesh"),
+    (dict(axis="time"), ValueError, "axis='time'"),
+    (dict(batch_axis="seq"), ValueError, "batch_axis='seq'"),
+    (dict(mesh=_one_device(("seq", "b")), batch_axis="b", head_axis="b"), ValueError,
+     "batch_axis and head_axis"),
+    (dict(chunk_size=0), ValueError, "chunk_size"),
+    (dict(scale="1"), TypeError, "scale"),
+    (dict(output_final_state=1), TypeError, "output_final_state"),
+    (dict(k=jnp.zeros((1, 8, 2, 5))), ValueError, "k must have shape"),
+    (dict(g=jnp.zeros((1, 8, 3))), ValueError, "g must have shape"),
+    (dict(g=jnp.full((1, 8, 2), 0.5)), ValueError, "g must hold log forget gates"),
+    (dict(initial_state=jnp.zeros((1, 2, 4, 4))), ValueError, "initial_state must have shape"),
+])
+def test_bad_arguments_name_the_argument(change, error, words):
+    x = as_jax(random_inputs(B=1, T=8, H=2, K=4, V=3, gate="scalar"))
+    with pytest.raises(error, match=re.escape(words)):
+        chunk_gla(**{**x, "mesh": _one_device(), **change})
+
+
+def test_package_import_loads_no_framework():
+    code = ("import sys, gla_ref.sequence_parallel; "
+            "assert not {'torch', 'jax', 'triton'} & set(sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
