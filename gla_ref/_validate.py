@@ -1,13 +1,27 @@
-"""Shape, dtype and option checks shared by every form and kernel (any framework).
+"""Shape, dtype and option checks shared by every form and kernel (any framework), and the
+layout of packed batches (:func:`packed_layout`).
 
-Only metadata is read (``.shape``, ``.dtype``), so the checks cost no device sync and run
-before anything is traced or launched. Value checks (NaN, positive gates) live with each
-framework, since they need its operations.
+Tensor checks read only metadata (``.shape``, ``.dtype``), so they cost no device sync and run
+before anything is traced or launched. The one exception is :func:`check_cu_seqlens`, which must
+read the offsets' values (see there). Value checks of the inputs (NaN, positive gates) live with
+each framework, since they need its operations.
+
+Option rules, the same in every form and kernel:
+
+* ``scale`` (:func:`check_scale`): None, or a finite real Python or NumPy scalar (not a bool);
+* flags such as ``output_final_state`` (:func:`check_flag`): a Python ``bool`` or ``numpy.bool_``;
+* chunk sizes (:func:`check_chunk_sizes`): positive Python or NumPy integers (not bools or floats);
+* sizes: every dimension of q, k, v is at least 1 (an empty batch, head or feature axis is a
+  ValueError rather than an empty result, so no kernel ever sees an empty grid).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple
+
+import numpy as np
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -31,12 +45,74 @@ def _check_float(name, x, allowed=FLOAT_DTYPES):
         raise TypeError(f"{name} must have a floating dtype in {allowed}, got {dtype_name(x)}")
 
 
+# ----------------------------------------------------------------------------- packed batches
+
+def check_cu_seqlens(cu_seqlens, T: int, B: int, *, dtypes=("int64",)) -> int:
+    """Check the offsets of a packed batch and return N, the number of sequences.
+
+    ``cu_seqlens`` (FLA's convention) is a 1-D integer tensor ``[N + 1]`` of offsets into the
+    T tokens of a batch with ``B = 1``: sequence n holds tokens ``cu_seqlens[n]`` up to (not
+    including) ``cu_seqlens[n + 1]``. The offsets start at 0, end at T and increase strictly, so
+    every sequence has at least one token. ``dtypes`` lists the accepted integer dtypes (int64
+    for PyTorch; JAX callers also accept int32, since JAX makes int32 arrays unless x64 is on).
+
+    The values are read on the host (``.tolist()``): for a CUDA tensor that is one device sync,
+    and a JAX array must be concrete (not traced by ``jit``). Raises TypeError for a wrong type
+    or dtype, ValueError for a wrong shape, batch size or offsets; the message names cu_seqlens.
+    """
+    expected = f"a 1-D {' or '.join(dtypes)} tensor of N + 1 offsets"
+    if not (hasattr(cu_seqlens, "shape") and hasattr(cu_seqlens, "dtype")):
+        raise TypeError(f"cu_seqlens must be {expected}, got {type(cu_seqlens).__name__}")
+    if dtype_name(cu_seqlens) not in dtypes:
+        raise TypeError(f"cu_seqlens must be {expected}, got dtype {dtype_name(cu_seqlens)}")
+    if len(cu_seqlens.shape) != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"cu_seqlens must be {expected} (N >= 1), "
+                         f"got shape {tuple(cu_seqlens.shape)}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens needs one packed sequence batch, B = 1, got B = {B}")
+    try:
+        offsets = cu_seqlens.tolist()
+    except TypeError as err:  # a JAX tracer: the offsets set shapes, so they must be known now
+        raise TypeError("cu_seqlens must be concrete (its values set the sequence boundaries); "
+                        "pass it from outside jit, or close over it") from err
+    if offsets[0] != 0 or offsets[-1] != T:
+        raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, "
+                         f"got {offsets[0]} ... {offsets[-1]}")
+    lengths = np.diff(offsets)
+    if (lengths < 1).any():
+        n = int(np.argmax(lengths < 1))
+        raise ValueError(f"cu_seqlens must increase strictly (every sequence >= 1 token), got "
+                         f"cu_seqlens[{n}] = {offsets[n]} >= cu_seqlens[{n + 1}] = {offsets[n + 1]}")
+    return len(offsets) - 1
+
+
+def packed_layout(offsets):
+    """Where the tokens of a packed batch go when each sequence gets a row of its own.
+
+    ``offsets``: the values of a checked cu_seqlens (N + 1 ints ending at T). Returns NumPy int
+    arrays ``(gather, rows, cols)``: ``gather [N, L]`` (L the longest length) holds the packed index of
+    token t of sequence n, and T past the sequence's end (a padding slot); ``rows [T]`` and
+    ``cols [T]`` give each packed token's sequence and position, the inverse map.
+    """
+    offsets = np.asarray(offsets)
+    lengths = np.diff(offsets)
+    t = np.arange(lengths.max())
+    gather = np.where(t < lengths[:, None], offsets[:-1, None] + t, offsets[-1])
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    cols = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
+    return gather, rows, cols
+
+
+# ----------------------------------------------------------------------------- tensors
+
 def check_inputs(q, k, v, g=None, initial_state=None, *, gate_ranks=(None, 1, 3, 4),
-                 max_dim=None) -> Dims:
-    """Check the ``[B,T,H,D]`` layout of q, k, v, the log-gate g and the initial state.
+                 max_dim=None, cu_seqlens=None, cu_seqlens_dtypes=("int64",)) -> Dims:
+    """Check the ``[B,T,H,D]`` layout of q, k, v, the log-gate g, the offsets and the initial state.
 
     ``gate_ranks`` lists the gate ranks this form accepts (None = no gate); ``max_dim`` bounds
-    K and V for kernels. Returns the sizes and the gate kind.
+    K and V for kernels. With ``cu_seqlens`` (see :func:`check_cu_seqlens`, which gets
+    ``cu_seqlens_dtypes``) the batch is packed, B = 1, and the initial state is ``[N, H, K, V]``;
+    otherwise it is ``[B, H, K, V]``. Every size must be at least 1. Returns the sizes and the gate kind.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if len(x.shape) != 4:
@@ -50,14 +126,19 @@ def check_inputs(q, k, v, g=None, initial_state=None, *, gate_ranks=(None, 1, 3,
         raise ValueError(f"k must have shape [B, T, H, K] = {(B, T, H, K)} like q, got {tuple(k.shape)}")
     if tuple(v.shape[:3]) != (B, T, H):
         raise ValueError(f"v must have shape [B, T, H, V] with [B, T, H] = {(B, T, H)}, got {tuple(v.shape)}")
+    if min(B, H, K) < 1 or V < 1:
+        raise ValueError(f"q and v must have B, H, K, V >= 1 (empty batches are not computed), "
+                         f"got q {tuple(q.shape)}, v {tuple(v.shape)}")
     if dtype_name(k) != dtype_name(q) or dtype_name(v) != dtype_name(q):
         raise TypeError(f"q, k, v must share one dtype, got {dtype_name(q)}, {dtype_name(k)}, {dtype_name(v)}")
     if max_dim is not None and (K > max_dim or V > max_dim):
         raise ValueError(f"q/v head dims K={K}, V={V} must be at most {max_dim} for this kernel")
     gate = _check_gate(g, B, T, H, K, gate_ranks)
+    N = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, T, B, dtypes=cu_seqlens_dtypes)
     if initial_state is not None:
-        if tuple(initial_state.shape) != (B, H, K, V):
-            raise ValueError(f"initial_state must have shape [B, H, K, V] = {(B, H, K, V)}, "
+        if tuple(initial_state.shape) != (N, H, K, V):
+            lead = "B" if cu_seqlens is None else "N"
+            raise ValueError(f"initial_state must have shape [{lead}, H, K, V] = {(N, H, K, V)}, "
                              f"got {tuple(initial_state.shape)}")
         _check_float("initial_state", initial_state, ("float32", "float64"))
     return Dims(B, T, H, K, V, gate)
@@ -77,13 +158,46 @@ def _check_gate(g, B, T, H, K, gate_ranks) -> str:
     return shapes[rank][0]
 
 
+# ----------------------------------------------------------------------------- options
+
+def check_scale(scale, K: int) -> float:
+    """The query scale as a Python float: ``K ** -0.5`` for None.
+
+    Accepts finite real Python and NumPy scalars (``0.5``, ``1``, ``np.float32(0.5)``,
+    ``np.int64(1)``). A bool, a complex number, a string or a tensor is a TypeError; NaN or inf
+    is a ValueError.
+    """
+    if scale is None:
+        return K ** -0.5
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    return float(scale)
+
+
+def check_flag(name: str, value) -> bool:
+    """A yes/no option such as ``output_final_state``, as a Python bool.
+
+    Accepts ``True``/``False`` and ``numpy.bool_`` (what NumPy comparisons return); anything else,
+    the ints 0 and 1 and None included, is a TypeError naming the option.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def _check_size(name, value) -> None:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive int (Python or NumPy integer), got {value!r}")
+
+
 def check_chunk_sizes(chunk_size, sub_chunk_size=None) -> None:
-    """Chunk sizes are positive integers and the sub-chunk divides the chunk."""
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    """Chunk sizes are positive Python or NumPy integers (not bools, not floats), and the sub-chunk
+    (when given) divides the chunk. Any fault is a ValueError naming the size."""
+    _check_size("chunk_size", chunk_size)
     if sub_chunk_size is None:
         return
-    if not isinstance(sub_chunk_size, int) or isinstance(sub_chunk_size, bool) or sub_chunk_size < 1:
-        raise ValueError(f"sub_chunk_size must be a positive int, got {sub_chunk_size!r}")
+    _check_size("sub_chunk_size", sub_chunk_size)
     if chunk_size % sub_chunk_size:
         raise ValueError(f"sub_chunk_size={sub_chunk_size} must divide chunk_size={chunk_size}")

@@ -17,13 +17,10 @@ Math runs in float32 (float64 when given float64); outputs come back in q's dtyp
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 import torch.nn.functional as F
 
-from gla_ref._validate import check_inputs
+from gla_ref._validate import check_flag, check_inputs, check_scale
 
 
 # --- checks and small helpers ---------------------------------------------------------------
@@ -51,18 +48,10 @@ def _compute_dtype(x):
 
 def _scale(scale, K):
     """``scale`` or the default ``K**-0.5``; must be a positive finite number."""
-    if scale is None:
-        return K ** -0.5
-    if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    if not (math.isfinite(scale) and scale > 0):
+    value = check_scale(scale, K)
+    if not value > 0:
         raise ValueError(f"scale must be positive and finite, got {scale}")
-    return float(scale)
-
-
-def _check_bool(name, flag):
-    if not isinstance(flag, bool):
-        raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    return value
 
 
 def causal_mask(T: int, device=None) -> torch.Tensor:
@@ -80,7 +69,7 @@ def softmax_attention_weights(q, k, *, scale=None, causal=True):
     Masked entries get ``-inf`` before the softmax, so they come out as exact zeros.
     """
     B, T, H, K, _, _ = _check_qk(q, k)
-    _check_bool("causal", causal)
+    check_flag("causal", causal)
     dt = _compute_dtype(q)
     scores = torch.einsum("bihk,bjhk->bhij", q.to(dt), k.to(dt)) * _scale(scale, K)
     if causal:
@@ -205,8 +194,8 @@ def linear_attention_weights(q, k, *, feature_map="elu1", causal=True, normalize
     so rows sum to one; for a positive φ the weights are then a convex combination.
     """
     _, T, _, _, _, _ = _check_qk(q, k)
-    _check_bool("causal", causal)
-    _check_bool("normalize", normalize)
+    check_flag("causal", causal)
+    check_flag("normalize", normalize)
     fq, fk = _features(q, k, feature_map)
     A = torch.einsum("bihk,bjhk->bhij", fq, fk)
     if causal:
@@ -232,7 +221,7 @@ def linear_attention_normalized_recurrent(q, k, v, *, feature_map="elu1", output
     ``o_t = φ(q_t) S_t / φ(q_t) z_t``: constant memory in T, unlike :class:`KVCache`.
     """
     B, T, H, _, V, _ = _check(q, k, v)
-    _check_bool("output_final_state", output_final_state)
+    check_flag("output_final_state", output_final_state)
     fq, fk = _features(q, k, feature_map)
     vv = v.to(fq.dtype)
     S = fq.new_zeros(B, H, fq.shape[-1], V)
@@ -255,7 +244,7 @@ def linear_attention_qk_first(q, k, v, *, scale=None, causal=True):
     O(T²K + T²V) work per head; with ``causal`` it equals ``recurrent_gla(q, k, v, g=None)``.
     """
     _, T, _, K, _, _ = _check(q, k, v)
-    _check_bool("causal", causal)
+    check_flag("causal", causal)
     dt = _compute_dtype(q)
     A = torch.einsum("bihk,bjhk->bhij", q.to(dt), k.to(dt)) * _scale(scale, K)
     if causal:
@@ -283,7 +272,7 @@ def linear_attention_prefix_sum(q, k, v, *, scale=None, output_states=False):
     (returned as the second value when ``output_states``, else None).
     """
     _, _, _, K, _, _ = _check(q, k, v)
-    _check_bool("output_states", output_states)
+    check_flag("output_states", output_states)
     dt = _compute_dtype(q)
     states = torch.einsum("bthk,bthv->bthkv", k.to(dt), v.to(dt)).cumsum(dim=1)
     o = torch.einsum("bthk,bthkv->bthv", q.to(dt), states) * _scale(scale, K)

@@ -10,11 +10,9 @@ backward is :mod:`gla_ref.triton.chunk`.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from gla_ref._validate import check_chunk_sizes, check_inputs, dtype_name
+from gla_ref._validate import check_chunk_sizes, check_inputs, check_scale, dtype_name
 
 __all__ = [
     "gate_grad_closed_form",
@@ -47,11 +45,7 @@ def _check_cotangents(dims, do, dht):
 
 
 def _scale(scale, K):
-    if scale is None:
-        return K ** -0.5
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
-    return float(scale)
+    return check_scale(scale, K)
 
 
 def _heads_first(x, dtype):

@@ -129,7 +129,6 @@ def steps_vs_gate(log_alpha, steps, ax=None, ylabel="steps", title=None):
     happened) are left out.
     """
     import matplotlib.pyplot as plt
-    import numpy as np
 
     from gla_ref.testing import to_numpy
 

@@ -12,18 +12,21 @@ Teaching variants that show why the log-space forms exist: :func:`parallel_gla_n
 :func:`chunk_gla_direct`. :mod:`gla_ref.jax_ref` mirrors this module function by function.
 
 Inputs use the ``[B, T, H, D]`` layout; inside, tensors are ``[B, H, T, D]`` (chunked:
-``[B, H, N, C, D]``). Math runs in float32 (float64 for float64 input); ``o`` comes back in q's
+``[B, H, T/C, C, D]``). Math runs in float32 (float64 for float64 input); ``o`` comes back in q's
 dtype, the final state in the math dtype. Every exponent evaluated is ≤ 0.
+
+Packed batches: the four forms take ``cu_seqlens``, FLA's int64 offsets ``[N + 1]`` of N
+sequences packed in a batch with B = 1, and compute each sequence as if alone, from its own row
+of an ``[N, H, K, V]`` initial state; the offsets are read on the host (a sync for a CUDA tensor).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from gla_ref._validate import _check_gate, check_chunk_sizes, check_inputs
+from gla_ref._validate import (_check_gate, check_chunk_sizes, check_flag, check_inputs, check_scale,
+                               packed_layout)
 
 __all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level",
            "parallel_gla_naive", "chunk_gla_direct", "expand_gate"]
@@ -54,15 +57,6 @@ def _check_values(**tensors):
                          f"got a maximum of {g.max().item():.3g}")
 
 
-def _check_scale(scale):
-    if scale is None:
-        return
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale!r}")
-
-
 def _check_sub_chunk_size(chunk_size, sub_chunk_size):
     """Like check_chunk_sizes, where None is not allowed for the sub-chunk."""
     if sub_chunk_size is None:
@@ -76,17 +70,38 @@ def _check_matmul_dtype(matmul_dtype):
         raise TypeError(f"matmul_dtype must be None or a floating torch dtype, got {matmul_dtype!r}")
 
 
-def _checked(q, k, v, g, scale, initial_state):
-    """Validate the inputs; return them with g as ``[B, T, H, K]``, a zero initial state where none
-    is given, and the default scale filled in."""
-    dims = check_inputs(q, k, v, g, initial_state)
-    _check_scale(scale)
+def _checked(q, k, v, g, scale, initial_state, cu_seqlens=None):
+    """Validate the inputs; return ``((q, k, v, g, h0, scale), offsets)``: g as ``[B, T, H, K]``,
+    h0 zeros ``[N, H, K, V]`` where no initial state is given, the default scale filled in, and
+    the values of cu_seqlens as a list, or None (read on the host: a sync for a CUDA tensor)."""
+    dims = check_inputs(q, k, v, g, initial_state, cu_seqlens=cu_seqlens)
+    scale = check_scale(scale, dims.K)
     _check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
     g = expand_gate(g, dims.B, dims.T, dims.H, dims.K, device=q.device)
+    offsets = None if cu_seqlens is None else cu_seqlens.tolist()
     if initial_state is None:  # an empty state: every form then has one code path
-        initial_state = torch.zeros(dims.B, dims.H, dims.K, dims.V, device=q.device)
-    scale = dims.K ** -0.5 if scale is None else float(scale)
-    return q, k, v, g, initial_state, scale
+        N = dims.B if offsets is None else len(offsets) - 1
+        initial_state = torch.zeros(N, dims.H, dims.K, dims.V, device=q.device)
+    return (q, k, v, g, initial_state, scale), offsets
+
+
+def _run(compute, inputs, offsets, **options):
+    """``compute(q, k, v, g, h0, scale, **options) -> (o, S)`` on the whole batch, or, with the
+    offsets of a packed batch, on its N sequences side by side, each from its own first token and
+    its own row of h0: o back in packed order ``[1, T, H, V]``, S ``[N, H, K, V]``."""
+    if offsets is None:
+        return compute(*inputs, **options)
+    gather, rows, cols = packed_layout(offsets)
+    q, k, v, g, h0, scale = inputs
+    o, S = compute(*(_unpack(x, gather) for x in (q, k, v, g)), h0, scale, **options)
+    return o[torch.as_tensor(rows, device=o.device), torch.as_tensor(cols, device=o.device)][None], S
+
+
+def _unpack(x, gather):
+    """Packed ``[1, T, ...]`` → ``[N, L, ...]`` by the ``gather`` indices of :func:`packed_layout`,
+    zeros past each sequence's end (zero keys and log-gates leave its final state exact)."""
+    padded = torch.cat([x, x.new_zeros(1, 1, *x.shape[2:])], 1)
+    return padded[0, torch.as_tensor(gather, device=x.device)]
 
 
 def _to_math(q, k, v, g, h0, scale):
@@ -176,11 +191,41 @@ def _two_level_scores(q, k, b, c, matmul_dtype):
 
 
 # ----------------------------------------------------------------------------- the four forms
-# Each public form checks its inputs, then calls a private function holding only the math.
+# Each public form checks its inputs, then runs a private function holding only the math, on the
+# whole batch or, with cu_seqlens, on the packed sequences side by side (:func:`_run`).
 
-def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False):
-    """The recurrence token by token: ``S_t = diag(α_t) S_{t−1} + k_tᵀ v_t``, ``o_t = q_t S_t``."""
-    o, S = _recurrent_gla(*_checked(q, k, v, g, scale, initial_state))
+def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
+                  cu_seqlens=None):
+    """GLA by its recurrence, one token at a time: the definition the other forms reproduce.
+
+    ``S_t = diag(α_t) S_{t−1} + k_tᵀ v_t`` and ``o_t = scale · q_t S_t`` (token t included), with
+    the forget gate ``α_t = exp(g_t)`` in (0, 1]. T sequential steps on a ``[K, V]`` state per head.
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; one floating dtype.
+        g: natural-log forget gates, finite and ≤ 0. Its shape picks the model: None (no decay:
+            linear attention), ``[H]`` (one constant decay per head, RetNet), ``[B, T, H]`` (one gate
+            per token and head, simple GLA / Mamba-2) or ``[B, T, H, K]`` (GLA: one per key feature).
+        scale: multiplies q; a finite real Python or NumPy scalar, default ``K ** -0.5``.
+        initial_state: S_0, ``[B, H, K, V]`` float32 or float64 (``[N, H, K, V]`` with
+            cu_seqlens), or None for zeros.
+        output_final_state: a bool; whether to return the state after the last token.
+        cu_seqlens: None, or int64 offsets ``[N + 1]`` of N sequences packed in a batch with
+            B = 1 (FLA's convention): 0 = cu_seqlens[0] < ... < cu_seqlens[N] = T. Each sequence
+            is computed as if alone, from its own row of initial_state. Its values are read on
+            the host (a device sync for a CUDA tensor).
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]``
+        (``[N, H, K, V]`` with cu_seqlens) in the math dtype (float32, or float64 for float64
+        inputs) when output_final_state, else None. Differentiable in q, k, v, g and initial_state.
+
+    Raises:
+        ValueError or TypeError naming the argument, before any math: bad shapes, dtypes, options
+        or offsets, empty sizes, NaN/inf inputs, a positive gate.
+    """
+    check_flag("output_final_state", output_final_state)
+    o, S = _run(_recurrent_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens))
     return o, (S if output_final_state else None)
 
 
@@ -195,9 +240,26 @@ def _recurrent_gla(q, k, v, g, h0, scale):
     return _output(o, T, dtype), S
 
 
-def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False):
-    """Eq. 4 over the whole sequence, with ``b_t = Σ_{s≤t} g_s``: ``o = (P ⊙ M) V + (Q ⊙ exp b) S_0``."""
-    o, S = _parallel_gla(*_checked(q, k, v, g, scale, initial_state))
+def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
+                 cu_seqlens=None):
+    """GLA in its parallel form, in log space (Eq. 4 of the paper), over the whole sequence.
+
+    With ``b_t = Σ_{s≤t} g_s`` the cumulative log-gate, ``o = (P ⊙ M) V + (Q ⊙ exp b) S_0`` where
+    ``P_ij = scale · Σ_k q_ik k_jk exp(b_ik − b_jk)`` and M is the causal mask (exponents ≤ 0);
+    the final state is ``diag(exp b_T) S_0 + (K ⊙ exp(b_T − b))ᵀ V``. O(T²K) memory.
+
+    Args:
+        q, k, v, g, scale, initial_state, output_final_state, cu_seqlens: as in
+            :func:`recurrent_gla` — q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; g natural-log gates
+            ≤ 0, None, ``[H]``, ``[B, T, H]`` or ``[B, T, H, K]``; initial_state ``[B, H, K, V]``
+            (``[N, H, K, V]`` with cu_seqlens, int64 ``[N + 1]`` offsets into a batch with B = 1).
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B or N, H, K, V]``
+        in the math dtype, or None unless output_final_state. Differentiable in every input.
+    """
+    check_flag("output_final_state", output_final_state)
+    o, S = _run(_parallel_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens))
     return o, (S if output_final_state else None)
 
 
@@ -210,10 +272,31 @@ def _parallel_gla(q, k, v, g, h0, scale):
 
 
 def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
-              chunk_size=64):
-    """Chunkwise form: intra-chunk by Eq. 4, inter-chunk through the state entering each chunk."""
+              chunk_size=64, cu_seqlens=None):
+    """GLA in chunks of C = ``chunk_size`` tokens (paper §4.2): intra-chunk by Eq. 4, inter-chunk
+    through the state S_n entering each chunk.
+
+    Within chunk n, with b the cumulative log-gate from the chunk start,
+    ``O_n = (P_n ⊙ M) V_n + (Q_n ⊙ exp b) S_n`` and
+    ``S_{n+1} = diag(exp b_C) S_n + (K_n ⊙ exp(b_C − b))ᵀ V_n``.
+    T is padded to a multiple of C with zero gates and zero keys (the final state stays exact);
+    with cu_seqlens every sequence is chunked from its own first token.
+
+    Args:
+        q, k, v, g, scale, initial_state, output_final_state, cu_seqlens: as in
+            :func:`recurrent_gla` — q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; g natural-log gates
+            ≤ 0, None, ``[H]``, ``[B, T, H]`` or ``[B, T, H, K]``; initial_state ``[B, H, K, V]``
+            (``[N, H, K, V]`` with cu_seqlens, int64 ``[N + 1]`` offsets into a batch with B = 1).
+        chunk_size: C, a positive Python or NumPy integer (any T works).
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B or N, H, K, V]``
+        in the math dtype, or None unless output_final_state. Differentiable in every input.
+    """
     check_chunk_sizes(chunk_size)
-    o, S = _chunk_gla(*_checked(q, k, v, g, scale, initial_state), chunk_size=chunk_size)
+    check_flag("output_final_state", output_final_state)
+    o, S = _run(_chunk_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens),
+                chunk_size=int(chunk_size))
     return o, (S if output_final_state else None)
 
 
@@ -228,16 +311,32 @@ def _chunk_gla(q, k, v, g, h0, scale, *, chunk_size):
 
 
 def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
-                        chunk_size=64, sub_chunk_size=16, matmul_dtype=None):
-    """Chunkwise form with secondary-level chunking (Fig. 3 / Fig. 7 of the paper).
+                        chunk_size=64, sub_chunk_size=16, matmul_dtype=None, cu_seqlens=None):
+    """GLA in chunks with secondary-level chunking (Fig. 3 / Fig. 7 of the paper).
 
-    ``matmul_dtype`` (e.g. torch.float16) rounds the operands of the inter-sub-chunk matmuls,
-    simulating half-precision tensor cores with float32 accumulation.
+    As :func:`chunk_gla`, but the intra-chunk matrix is built from sub-chunks of c =
+    ``sub_chunk_size`` tokens: blocks between sub-chunks by plain matmuls whose operands are
+    rescaled from the query sub-chunk's first row (exponents ≤ 0), diagonal blocks by Eq. 4.
+
+    Args:
+        q, k, v, g, scale, initial_state, output_final_state, cu_seqlens: as in
+            :func:`recurrent_gla` — q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; g natural-log gates
+            ≤ 0, None, ``[H]``, ``[B, T, H]`` or ``[B, T, H, K]``; initial_state ``[B, H, K, V]``
+            (``[N, H, K, V]`` with cu_seqlens, int64 ``[N + 1]`` offsets into a batch with B = 1).
+        chunk_size, sub_chunk_size: C and c, positive integers with c dividing C.
+        matmul_dtype: None, or a floating torch dtype (e.g. torch.float16) to which the operands
+            of the inter-sub-chunk matmuls are rounded, simulating half-precision tensor cores
+            with float32 accumulation.
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B or N, H, K, V]``
+        in the math dtype, or None unless output_final_state. Differentiable in every input.
     """
     _check_sub_chunk_size(chunk_size, sub_chunk_size)
     _check_matmul_dtype(matmul_dtype)
-    o, S = _chunk_gla_two_level(*_checked(q, k, v, g, scale, initial_state), chunk_size=chunk_size,
-                                sub_chunk_size=sub_chunk_size, matmul_dtype=matmul_dtype)
+    check_flag("output_final_state", output_final_state)
+    o, S = _run(_chunk_gla_two_level, *_checked(q, k, v, g, scale, initial_state, cu_seqlens),
+                chunk_size=int(chunk_size), sub_chunk_size=int(sub_chunk_size), matmul_dtype=matmul_dtype)
     return o, (S if output_final_state else None)
 
 
@@ -259,7 +358,7 @@ def parallel_gla_naive(q, k, v, g=None, *, scale=None):
     Numerically unsafe on purpose: for long T or strong gates B underflows, K/B overflows and
     the output holds inf/NaN. :func:`parallel_gla` is the log-space fix.
     """
-    q, k, v, g, _, scale = _checked(q, k, v, g, scale, None)
+    (q, k, v, g, _, scale), _ = _checked(q, k, v, g, scale, None)
     T = q.shape[1]
     Bc = torch.cumprod(torch.exp(g.to(q.dtype)), dim=1)  # B_t = α_1 ⋯ α_t
     q, k, v, Bc = (x.transpose(1, 2) for x in (q * scale, k, v, Bc))
@@ -278,7 +377,9 @@ def chunk_gla_direct(q, k, v, g=None, *, scale=None, initial_state=None, output_
     """
     check_chunk_sizes(chunk_size)
     _check_matmul_dtype(matmul_dtype)
-    q, k, v, g, h0, scale = _checked(q, k, v, g, scale, initial_state)
+    check_flag("output_final_state", output_final_state)
+    chunk_size = int(chunk_size)
+    (q, k, v, g, h0, scale), _ = _checked(q, k, v, g, scale, initial_state)
     dtype, T = q.dtype, q.shape[1]
     q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
     q, k, v, g = _chunked(chunk_size, q, k, v, g)

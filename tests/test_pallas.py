@@ -245,7 +245,7 @@ def _args(B=1, T=8, H=2, K=20, V=24, dtype=jnp.float32):
     (lambda q, k, v, g: chunk_gla(q, k, v, g, chunk_size=24), ValueError, "power of two"),
     (lambda q, k, v, g: chunk_gla(q, k, v, g, chunk_size=8), ValueError, "power of two"),
     (lambda q, k, v, g: chunk_gla(q, k, v, g, chunk_size=0), ValueError, "chunk_size"),
-    (lambda q, k, v, g: chunk_gla(q, k, v, g, scale="x"), ValueError, "scale"),
+    (lambda q, k, v, g: chunk_gla(q, k, v, g, scale="x"), TypeError, "scale"),
     (lambda q, k, v, g: chunk_gla(q, k, v, g, output_final_state=1), TypeError, "output_final_state"),
     (lambda q, k, v, g: chunk_gla(q, k, v, g, initial_state=jnp.zeros((1, 2, 24, 20))), ValueError,
      "initial_state must have shape"),

@@ -175,7 +175,7 @@ def _bad_inputs():
         "float64": ((q.double(), k.double(), v.double(), g), {}, TypeError, "float64"),
         "mixed-dtype": ((q, k.half(), v, g), {}, TypeError, "share one dtype"),
         "K>256": ((big["q"], big["k"], big["v"], big["g"]), {}, ValueError, "at most 256"),
-        "scale-str": ((q, k, v, g), {"scale": "0.5"}, ValueError, "scale"),
+        "scale-str": ((q, k, v, g), {"scale": "0.5"}, TypeError, "scale"),
         "chunk_size-8": ((q, k, v, g), {"chunk_size": 8}, ValueError, "chunk_size"),
     }
 

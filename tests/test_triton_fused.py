@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from gla_ref import device
-from gla_ref.testing import as_torch, assert_close, random_inputs
+from gla_ref.testing import as_torch, random_inputs
 from gla_ref.torch_ref import chunk_gla, recurrent_gla
 from gla_ref.triton import fused_chunk as fused_chunk_module
 from gla_ref.triton import fused_chunk_gla, fused_recurrent_gla

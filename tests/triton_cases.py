@@ -95,5 +95,5 @@ def bad_inputs(good):
         "mixed-dtype": ((q, k.half(), v, g), {}, TypeError, "share one dtype"),
         "K>256": ((big["q"], big["k"], big["v"], big["g"]), {}, ValueError, "at most 256"),
         "scale-nan": ((q, k, v, g), {"scale": float("nan")}, ValueError, "scale"),
-        "scale-str": ((q, k, v, g), {"scale": "0.5"}, ValueError, "scale"),
+        "scale-str": ((q, k, v, g), {"scale": "0.5"}, TypeError, "scale"),
     }

@@ -21,7 +21,6 @@ gradient over every position).
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -30,7 +29,7 @@ import numpy as np
 from jax.lax import Precision
 
 from gla_ref import device
-from gla_ref._validate import check_chunk_sizes, check_inputs, dtype_name
+from gla_ref._validate import check_chunk_sizes, check_flag, check_inputs, check_scale, dtype_name
 from gla_ref.pallas import chunk_math, gpu, tpu
 
 __all__ = ["chunk_gla"]
@@ -54,18 +53,16 @@ class Plan(NamedTuple):
 # ---------------------------------------------------------------- checks and choices
 
 def check_options(q, k, v, scale, chunk_size, output_final_state):
-    """Kernel-specific checks: dtypes, chunk size, scale, flags (shapes are checked by check_inputs)."""
+    """Kernel-specific checks: dtypes, chunk size, scale, flags (shapes are checked by check_inputs).
+
+    Returns ``(scale, chunk_size, output_final_state)`` as a Python float, int and bool."""
     if dtype_name(q) not in KERNEL_DTYPES:
         raise TypeError(f"q, k, v must be float32 or bfloat16 for the Pallas kernels, got {dtype_name(q)}")
     check_chunk_sizes(chunk_size)
     if chunk_size < chunk_math.SUB or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= {chunk_math.SUB} for the Pallas kernels, "
                          f"got {chunk_size}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
-    if not isinstance(output_final_state, bool):
-        raise TypeError(f"output_final_state must be a bool, got {output_final_state!r}")
+    return check_scale(scale, q.shape[-1]), int(chunk_size), check_flag("output_final_state", output_final_state)
 
 
 def _concrete(x):
@@ -201,7 +198,7 @@ def checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size
                 interpret, *, fused):
     """Validate a public call's arguments, plan it and run it (shared by both public paths)."""
     dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(4,), max_dim=MAX_DIM)
-    check_options(q, k, v, scale, chunk_size, output_final_state)
+    scale, chunk_size, output_final_state = check_options(q, k, v, scale, chunk_size, output_final_state)
     check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
     plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=fused,
                      want_final=output_final_state)

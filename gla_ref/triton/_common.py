@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
+import os
 
 import torch
 import triton
 
 from gla_ref import device
-from gla_ref._validate import Dims, check_inputs
+from gla_ref._validate import Dims, check_chunk_sizes, check_inputs, check_scale
 from gla_ref.triton import _ptxas
 
 MAX_DIM = 256
@@ -47,6 +47,35 @@ def check_values(tensors: dict) -> None:
             raise ValueError(f"{name} holds log forget gates and must be <= 0; got max {x.max().item():.3g}")
 
 
+SHOW_TUNING = "GLA_REF_SHOW_TUNING"
+"""Environment variable: when ``1``, a line is printed each time Triton is about to time the autotune
+configs of a kernel for a new key (on a GPU the first call at a new shape spends minutes there).
+Chapters turn it on through :func:`gla_ref.runtime.setup`; benchmark scripts set it themselves."""
+
+
+def autotune(configs: list, key: list, **blocks):
+    """``triton.autotune`` over ``configs`` keyed by the argument names ``key``, pruning before timing:
+    ``blocks`` maps a block size to the dimension it tiles (``BK="K"``), and configs whose block exceeds
+    that dimension padded to a power of two (at least 32) are dropped — larger blocks only add masked
+    work. Under ``GLA_REF_SHOW_TUNING=1`` it prints which kernel is being tuned, for which key, over how
+    many configs."""
+    def prune(candidates, named_args, **kwargs):
+        args = {**named_args, **kwargs}  # constexpr dims arrive as keywords in some Triton versions
+        kept = [c for c in candidates
+                if all(c.kwargs[b] <= max(32, triton.next_power_of_2(args[d])) for b, d in blocks.items())]
+        kept = kept or candidates[:1]
+        if os.environ.get(SHOW_TUNING) == "1" and len(kept) > 1:
+            shape = ", ".join(f"{name}={args.get(name)}" for name in key)
+            print(f"autotuning {prune.kernel}: {len(kept)} configs for {shape} ...", flush=True)
+        return kept
+
+    def decorate(kernel):
+        prune.kernel = getattr(kernel, "__name__", "a kernel")
+        return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
+
+    return decorate
+
+
 def autotune_configs(configs: list) -> list:
     """The configs to autotune over: only the first under the interpreter (it fails with several)."""
     return configs[:1] if device.triton_interpret() else configs
@@ -58,18 +87,17 @@ def block(n: int, least: int = 16) -> int:
 
 
 def resolve_scale(scale, K: int) -> float:
-    """The query scale as a Python float: ``K ** -0.5`` for None, else a finite real number."""
-    if scale is None:
-        return K ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
-    return float(scale)
+    """The query scale as a Python float: ``K ** -0.5`` for None (rules: :func:`gla_ref._validate.check_scale`)."""
+    return check_scale(scale, K)
 
 
-def check_chunk_size(chunk_size, sizes=(16, 32, 64)) -> None:
-    """``chunk_size`` one of ``sizes`` (tl.dot tiles are ≥ 16; a C × C float32 tile must fit on chip)."""
-    if chunk_size not in sizes or isinstance(chunk_size, bool):
+def check_chunk_size(chunk_size, sizes=(16, 32, 64)) -> int:
+    """``chunk_size`` as a Python int: an integer (:func:`gla_ref._validate.check_chunk_sizes`) in ``sizes``
+    (tl.dot tiles are ≥ 16; a C × C float32 tile must fit on chip)."""
+    check_chunk_sizes(chunk_size)
+    if chunk_size not in sizes:
         raise ValueError(f"chunk_size must be one of {sizes}, got {chunk_size!r}")
+    return int(chunk_size)
 
 
 def stateful_function(name, forward, backward, doc):

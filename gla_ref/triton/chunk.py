@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from gla_ref._validate import check_flag
 from gla_ref.triton._common import check_chunk_size, prepare, resolve_scale
 from gla_ref.triton.chunk_backward import chunk_bwd_dqkg, chunk_bwd_dv
 from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
@@ -65,8 +66,7 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
     q, k, v, g and initial_state, and from both o and final_state.
     """
     dims = prepare(q, k, v, g, initial_state, gate_ranks=(4,))
-    check_chunk_size(chunk_size)
-    if not isinstance(output_final_state, bool):
-        raise TypeError(f"output_final_state must be a bool, got {output_final_state!r}")
+    chunk_size = check_chunk_size(chunk_size)
+    output_final_state = check_flag("output_final_state", output_final_state)
     return ChunkGLAFunction.apply(q, k, v, g, resolve_scale(scale, dims.K), initial_state,
                                   output_final_state, chunk_size)

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs, block, block_configs
+from gla_ref.triton._common import autotune, autotune_configs, block, block_configs
 from gla_ref.triton._tiles import (
     block_range,
     chunk_tokens,
@@ -47,7 +47,7 @@ from gla_ref.triton._tiles import (
     token_bases,
 )
 from gla_ref.triton.chunk_backward_intra import chunk_bwd_dqk_intra
-from gla_ref.triton.chunk_state import _precision, prune_blocks
+from gla_ref.triton.chunk_state import _precision
 
 
 def _dqkg_configs():
@@ -58,8 +58,7 @@ def _dqkg_configs():
                                                   (64, 64, 4, 2), (32, 64, 8, 2))])
 
 
-@triton.autotune(configs=block_configs("BV"), key=["K", "V", "T_BUCKET", "C"],
-                 prune_configs_by=prune_blocks(BV="V"))
+@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C"], BV="V")
 @triton.jit
 def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, T, T_BUCKET, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
@@ -87,7 +86,7 @@ def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, T, T_BUCKET, H: tl.constexpr,
     store_rows(dv + base_v, b_dv, t, m_t, o_v, m_v, H * V)
 
 
-@triton.autotune(configs=block_configs("BV"), key=["V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BV="V"))
+@autotune(block_configs("BV"), ["V", "T_BUCKET", "C"], BV="V")
 @triton.jit
 def chunk_bwd_dA_kernel(v, do, dA, scale, T, T_BUCKET, H: tl.constexpr, V: tl.constexpr,
                         C: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
@@ -105,8 +104,7 @@ def chunk_bwd_dA_kernel(v, do, dA, scale, T, T_BUCKET, H: tl.constexpr, V: tl.co
     store_rows(dA + (i_b.to(tl.int64) * T * H + i_h) * C, b_dA, t, m_t, o_t, o_t < C, H * C)
 
 
-@triton.autotune(configs=_dqkg_configs(), key=["K", "V", "T_BUCKET", "C"],
-                 prune_configs_by=prune_blocks(BK="K", BV="V"))
+@autotune(_dqkg_configs(), ["K", "V", "T_BUCKET", "C"], BK="K", BV="V")
 @triton.jit
 def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg, scale, T, T_BUCKET,
                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,

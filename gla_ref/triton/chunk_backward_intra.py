@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs, block
+from gla_ref.triton._common import autotune, autotune_configs, block
 from gla_ref.triton._tiles import block_range, load_rows, store_rows
 from gla_ref.triton.chunk_intra import SUB_CHUNK
 from gla_ref.triton.chunk_state import _precision
@@ -104,7 +104,7 @@ def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, r, b_g, i_n
     return b_dq, b_dk
 
 
-@triton.autotune(configs=_configs(), key=["K", "T_BUCKET", "C"])
+@autotune(_configs(), ["K", "T_BUCKET", "C"])
 @triton.jit
 def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr,
                            C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, UNROLL: tl.constexpr,

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs, block
+from gla_ref.triton._common import autotune, autotune_configs, block
 from gla_ref.triton._tiles import load_rows, store_rows
 from gla_ref.triton.chunk_state import _precision
 
@@ -73,7 +73,7 @@ def _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, HK: tl.constexpr, c: tl.cons
     return b_D
 
 
-@triton.autotune(configs=_configs(), key=["K", "T_BUCKET", "C"])
+@autotune(_configs(), ["K", "T_BUCKET", "C"])
 @triton.jit
 def chunk_intra_kernel(q, k, gc, A, scale, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr,
                        C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):

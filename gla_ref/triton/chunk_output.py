@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs
+from gla_ref.triton._common import autotune, autotune_configs
 from gla_ref.triton._tiles import (
     block_range,
     chunk_tokens,
@@ -29,7 +29,7 @@ from gla_ref.triton._tiles import (
     store_rows,
     token_bases,
 )
-from gla_ref.triton.chunk_state import _precision, prune_blocks
+from gla_ref.triton.chunk_state import _precision
 
 
 def _configs():
@@ -39,8 +39,7 @@ def _configs():
                                                   (64, 32, 4, 2))])
 
 
-@triton.autotune(configs=_configs(), key=["K", "V", "T_BUCKET", "C"],
-                 prune_configs_by=prune_blocks(BK="K", BV="V"))
+@autotune(_configs(), ["K", "V", "T_BUCKET", "C"], BK="K", BV="V")
 @triton.jit
 def chunk_output_kernel(q, v, gc, h, A, o, scale, T, T_BUCKET, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,

@@ -27,7 +27,9 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from gla_ref import device
+from gla_ref._validate import check_flag
 from gla_ref.triton._common import (
+    autotune,
     autotune_configs,
     block,
     block_configs,
@@ -50,7 +52,6 @@ from gla_ref.triton.chunk_state import (
     _precision,
     chunk_state_bwd,
     chunk_state_fwd,
-    prune_blocks,
 )
 
 
@@ -72,7 +73,7 @@ def _decay_mask(b_g, o_t, TRANSPOSED: tl.constexpr):
     return tl.where(causal, tl.exp(tl.where(causal, diff, 0.0)), 0.0)
 
 
-@triton.autotune(configs=block_configs("BV"), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BV="V"))
+@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C"], BV="V")
 @triton.jit
 def simple_output_kernel(q, k, v, gc, h, o, scale, T, T_BUCKET, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
@@ -102,7 +103,7 @@ def simple_output_kernel(q, k, v, gc, h, o, scale, T, T_BUCKET, H: tl.constexpr,
     store_rows(o + base_v, b_o, t, m_t, o_v, m_v, H * V)
 
 
-@triton.autotune(configs=block_configs("BV"), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BV="V"))
+@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C"], BV="V")
 @triton.jit
 def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, scale, T, T_BUCKET, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
@@ -134,7 +135,7 @@ def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, scale, T, T_BUCKET, H: tl.constex
     store_rows(dv + base_v, b_dv, t, m_t, o_v, m_v, H * V)
 
 
-@triton.autotune(configs=_dqkg_configs(), key=["K", "V", "T_BUCKET", "C"], prune_configs_by=prune_blocks(BK="K"))
+@autotune(_dqkg_configs(), ["K", "V", "T_BUCKET", "C"], BK="K")
 @triton.jit
 def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKET,
                            B: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -257,8 +258,7 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
             raise ValueError(f"g_gamma is on {g_gamma.device} but q is on {q.device}")
         if device.is_debug():
             check_values({"g_gamma": g_gamma})
-    check_chunk_size(chunk_size)
-    if not isinstance(output_final_state, bool):
-        raise TypeError(f"output_final_state must be a bool, got {output_final_state!r}")
+    chunk_size = check_chunk_size(chunk_size)
+    output_final_state = check_flag("output_final_state", output_final_state)
     return ChunkSimpleGLAFunction.apply(q, k, v, g, g_gamma, resolve_scale(scale, dims.K),
                                         initial_state, output_final_state, chunk_size)

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs
+from gla_ref.triton._common import autotune, autotune_configs
 from gla_ref.triton._tiles import load_rows, token_bases
 
 
@@ -43,17 +43,6 @@ def _fwd_configs():
     return autotune_configs([triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s)
                              for bk, bv, w, s in ((32, 32, 2, 3), (32, 32, 4, 3), (32, 64, 4, 3), (64, 32, 4, 3),
                                                   (64, 64, 4, 2), (64, 64, 4, 3), (32, 128, 4, 2))])
-
-
-def prune_blocks(**dims):
-    """``prune_configs_by`` keeping configs whose blocks (``BK="K"``: block name → dim name) are at most
-    the padded dim: larger blocks only add masked work."""
-    def prune(configs, named_args, **kwargs):
-        args = {**named_args, **kwargs}  # constexpr dims arrive as keywords in some Triton versions
-        kept = [c for c in configs
-                if all(c.kwargs[b] <= max(32, triton.next_power_of_2(args[d])) for b, d in dims.items())]
-        return kept or configs[:1]
-    return {"early_config_prune": prune}
 
 
 @triton.jit
@@ -89,8 +78,7 @@ def _token_bases(i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     return base_k, base_v, base_g
 
 
-@triton.autotune(configs=_fwd_configs(), key=["K", "V", "T_BUCKET", "GATE_K"],
-                 prune_configs_by=prune_blocks(BK="K", BV="V"))
+@autotune(_fwd_configs(), ["K", "V", "T_BUCKET", "GATE_K"], BK="K", BV="V")
 @triton.jit
 def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, T, T_BUCKET, H: tl.constexpr,
                            K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
@@ -125,8 +113,7 @@ def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, T, T_BUCKET, H: tl.constexpr,
         tl.store(ht + i_bh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
-@triton.autotune(configs=_configs(), key=["K", "V", "T_BUCKET", "GATE_K"],
-                 prune_configs_by=prune_blocks(BK="K", BV="V"))
+@autotune(_configs(), ["K", "V", "T_BUCKET", "GATE_K"], BK="K", BV="V")
 @triton.jit
 def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, scale, T, T_BUCKET,
                            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from gla_ref._validate import check_flag
 from gla_ref.triton._common import check_chunk_size, prepare, resolve_scale, stateful_function
 from gla_ref.triton.fused_chunk_bwd import fused_chunk_backward
 from gla_ref.triton.fused_chunk_fwd import CHUNK_SIZES, fused_chunk_forward
@@ -63,5 +64,6 @@ def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_f
     """
     dims = prepare(q, k, v, g, initial_state, gate_ranks=(None, 4))
     scale = resolve_scale(scale, dims.K)
-    check_chunk_size(chunk_size, CHUNK_SIZES)
-    return FusedChunkGLA.apply(q, k, v, g, initial_state, scale, bool(output_final_state), chunk_size)
+    chunk_size = check_chunk_size(chunk_size, CHUNK_SIZES)
+    output_final_state = check_flag("output_final_state", output_final_state)
+    return FusedChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, chunk_size)

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gla_ref.triton._common import autotune
 from gla_ref.triton._tiles import token_bases
 from gla_ref.triton.fused_chunk_fwd import (
     chunk_gates,
@@ -75,7 +76,7 @@ def state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC: tl.constexpr):
     return dS * tl.exp(b_last)[:, None] + dot(tl.trans(b_q * scale * tl.exp(b)), b_do, tl.float32, PREC)
 
 
-@triton.autotune(configs=configs(), key=["BK", "BV", "C", "T_BUCKET"])
+@autotune(configs(), ["BK", "BV", "C", "T_BUCKET"])
 @triton.jit
 def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, scale, T, T_BUCKET,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
@@ -164,7 +165,7 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, scale, T, T_BUCKET,
         tl.store(p_s, dS, mask=m_s)
 
 
-@triton.autotune(configs=configs(), key=["BK", "BV", "C", "T_BUCKET"])
+@autotune(configs(), ["BK", "BV", "C", "T_BUCKET"])
 @triton.jit
 def _bwd_dv_kernel(q, k, g, do, dv, dht, scale, T, T_BUCKET,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs, block
+from gla_ref.triton._common import autotune, autotune_configs, block
 from gla_ref.triton._tiles import token_bases
 
 STATE_ELEMENTS = 8192
@@ -160,7 +160,7 @@ def state_step(S, b_k, b_v, b, b_last, PREC: tl.constexpr):
 
 # ----------------------------------------------------------------------------- the kernel
 
-@triton.autotune(configs=configs(), key=["BK", "BV", "C", "T_BUCKET"])
+@autotune(configs(), ["BK", "BV", "C", "T_BUCKET"])
 @triton.jit
 def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,

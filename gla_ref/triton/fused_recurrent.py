@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs, block, prepare, resolve_scale, stateful_function
+from gla_ref._validate import check_flag
+from gla_ref.triton._common import autotune, autotune_configs, block, prepare, resolve_scale, stateful_function
 
 __all__ = ["fused_recurrent_gla"]
 
@@ -55,7 +56,7 @@ def _state_block(i_v, i_bh, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, 
     return o_k, o_v, m_k, m_v, m_s, p_s
 
 
-@triton.autotune(configs=_configs(), key=["BK", "BV", "T_BUCKET"])
+@autotune(_configs(), ["BK", "BV", "T_BUCKET"])
 @triton.jit
 def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -85,7 +86,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
         tl.store(ht + p_s, S, mask=m_s)
 
 
-@triton.autotune(configs=_configs(), key=["BK", "BV", "T_BUCKET"])
+@autotune(_configs(), ["BK", "BV", "T_BUCKET"])
 @triton.jit
 def _bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T, T_BUCKET,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -117,7 +118,7 @@ def _bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T, T_BUCKET,
         p_vo += step * H * V
 
 
-@triton.autotune(configs=_configs(), key=["BK", "BV", "T_BUCKET"])
+@autotune(_configs(), ["BK", "BV", "T_BUCKET"])
 @triton.jit
 def _bwd_dkv_kernel(q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, scale, B, T, T_BUCKET,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -214,5 +215,6 @@ def fused_recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, outp
     """
     dims = prepare(q, k, v, g, initial_state, gate_ranks=(None, 4))
     scale = resolve_scale(scale, dims.K)
-    return FusedRecurrentGLA.apply(q, k, v, g, initial_state, scale, bool(output_final_state),
-                                   bool(reverse))
+    return FusedRecurrentGLA.apply(q, k, v, g, initial_state, scale,
+                                   check_flag("output_final_state", output_final_state),
+                                   check_flag("reverse", reverse))

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from gla_ref import device
+from gla_ref._validate import check_flag
 from gla_ref.triton._common import MAX_DIM, block, check_values, prepare, resolve_scale
 from gla_ref.triton.historical_decay_cumsum import launch_decay_cumsum
 from gla_ref.triton.historical_fused_chunk import launch_fused_chunk
@@ -184,7 +185,7 @@ def historical_inter_chunk(q_g: torch.Tensor, k_g: torch.Tensor, v: torch.Tensor
     _check_b(b)
     h0 = None if initial_state is None else initial_state.contiguous()
     return launch_fused_chunk(q_g.contiguous(), k_g.contiguous(), v.contiguous(), b.contiguous(), h0,
-                              bool(output_final_state), CHUNK, *_blocks(K, V))
+                              check_flag("output_final_state", output_final_state), CHUNK, *_blocks(K, V))
 
 
 def historical_intra_chunk(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, *, scale=None) -> torch.Tensor:
@@ -258,12 +259,13 @@ def fused_chunk_gla_historical(q, k, v, g, *, scale=None, initial_state=None, ou
     """
     dims = prepare(q, k, v, g, initial_state, gate_ranks=(4,))
     scale = resolve_scale(scale, dims.K)
+    output_final_state = check_flag("output_final_state", output_final_state)
     _forward_only(q=q, k=k, v=v, g=g, initial_state=initial_state)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     h0 = None if initial_state is None else initial_state.contiguous()
     BK, BV = _blocks(dims.K, dims.V)
     b = launch_decay_cumsum(g, CHUNK, BK)                                       # 1
     q_g, k_g = launch_prepare_qg_kg(q, k, b, scale, CHUNK, BK)                  # 2
-    o_inter, ht = launch_fused_chunk(q_g, k_g, v, b, h0, bool(output_final_state), CHUNK, BK, BV)  # 3
+    o_inter, ht = launch_fused_chunk(q_g, k_g, v, b, h0, output_final_state, CHUNK, BK, BV)  # 3
     A = launch_inner_chunk(q, k, b, scale, CHUNK, BK)                           # 4
     return _combine(o_inter, A, v), ht                                          # 5

@@ -19,12 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs
+from gla_ref.triton._common import autotune, autotune_configs
 
 
-@triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s)
-                                           for w, s in ((2, 1), (4, 2), (4, 1), (8, 2))]),
-                 key=["K", "V", "BK", "BV", "T_BUCKET"])
+@autotune(autotune_configs([triton.Config({}, num_warps=w, num_stages=s)
+                                           for w, s in ((2, 1), (4, 2), (4, 1), (8, 2))]), ["K", "V", "BK", "BV", "T_BUCKET"])
 @triton.jit
 def fused_chunk_fwd_kernel(qg, kg, v, b, o, h0, ht, T, T_BUCKET, B, H: tl.constexpr, K: tl.constexpr,
                            V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,

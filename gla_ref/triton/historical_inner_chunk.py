@@ -20,11 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs
+from gla_ref.triton._common import autotune, autotune_configs
 
 
-@triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w) for w in (4, 2, 8)]),
-                 key=["K", "BK", "T_BUCKET"])
+@autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (4, 2, 8)]), ["K", "BK", "T_BUCKET"])
 @triton.jit
 def inner_chunk_kernel(q, k, b, A, scale, T, T_BUCKET, B, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr):

@@ -20,11 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune_configs
+from gla_ref.triton._common import autotune, autotune_configs
 
 
-@triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]),
-                 key=["K", "BK", "T_BUCKET"])
+@autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]), ["K", "BK", "T_BUCKET"])
 @triton.jit
 def prepare_qg_kg_kernel(q, k, b, qg, kg, scale, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr):
