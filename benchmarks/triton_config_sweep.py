@@ -13,8 +13,11 @@ reference (a fault kills only that process). ``--only`` sweeps just the launched
 
 KERNEL is a name of ``triton_accuracy.KERNELS``. Writes
 ``benchmarks/results/triton_config_sweep_<device>.json`` (or PATH): one row per (kernel, config)
-with ``ok``, ``fault`` or ``timeout``, the seconds taken and the relative errors. Without a GPU the
-kernels run in the interpreter, where every kernel has one config.
+with its status, the seconds taken and the relative errors. A config is ``ok`` only when its process
+finished *and* every error is within :data:`TOLERANCE` of the dtype; ``wrong`` when it finished with
+larger (or NaN) errors — silent corruption, which an exit code cannot show; ``fault`` when the process
+died; ``timeout``. ``--rejudge PATH`` applies that verdict again to a stored file's rows. Without a GPU
+the kernels run in the interpreter, where every kernel has one config.
 """
 
 from __future__ import annotations
@@ -27,6 +30,20 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 RESULTS = pathlib.Path(__file__).parent / "results"
+TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
+"""Largest relative error (o, final state, every gradient, against float64) of an ``ok`` config: about five
+times the worst of any kernel in benchmarks/results/triton_accuracy_*.json (fp32 ≤ 4e-6, fp16 ≤ 4.6e-3,
+bf16 ≤ 5.7e-3). The configs corrupted by ptxas 12.8.93 showed 0.6–1.3."""
+
+
+def judge(row: dict, dtype: str) -> dict:
+    """``row`` with its verdict: a finished run (``ok``) whose largest error exceeds the dtype's tolerance,
+    or is NaN, becomes ``wrong``; ``max_error`` is recorded for every finished run."""
+    if row["status"] not in ("ok", "wrong"):
+        return row
+    errors = [v for v in row["errors"].values() if v is not None]
+    worst = float("nan") if any(v != v for v in errors) else max(errors, default=float("nan"))
+    return {**row, "status": "ok" if worst <= TOLERANCE[dtype] else "wrong", "max_error": worst}
 
 
 def autotuned() -> dict:
@@ -117,15 +134,16 @@ def sweep(args) -> list:
     with ThreadPoolExecutor(args.jobs) as pool:
         results = pool.map(lambda job: run_worker(args, *job), jobs)
         rows = [{"kernel": name, "config": configs[name][i], **res} for (name, i), res in zip(jobs, results)]
+    rows = [judge({k: v for k, v in row.items() if k != "launched"}, args.dtype) for row in rows]
     for row in rows:
-        row.pop("launched", None)
-        print(row["status"], row["kernel"], row["config"], row.get("seconds", ""), row.get("error", ""), flush=True)
+        print(row["status"], row["kernel"], row["config"], row.get("seconds", ""), row.get("max_error", ""),
+              row.get("error", ""), flush=True)
     return rows
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("kernel", help="a name of triton_accuracy.KERNELS, e.g. chunk_gla")
+    p.add_argument("kernel", nargs="?", help="a name of triton_accuracy.KERNELS, e.g. chunk_gla")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--shape", type=int, nargs=5, default=[2, 1000, 2, 64, 256], metavar=("B", "T", "H", "K", "V"))
     p.add_argument("--steps", type=int, default=400, help="forward+backward calls per config")
@@ -133,7 +151,12 @@ def main():
     p.add_argument("--only", nargs="+", metavar="WORD", help="sweep only kernels whose name contains a WORD")
     p.add_argument("--out", type=pathlib.Path)
     p.add_argument("--worker", nargs=2, metavar=("KERNEL", "INDEX"), help=argparse.SUPPRESS)
+    p.add_argument("--rejudge", type=pathlib.Path, metavar="PATH", help="judge a stored file's rows again")
     args = p.parse_args()
+    if args.rejudge:
+        return rejudge(args.rejudge)
+    if not args.kernel:
+        p.error("KERNEL is required")
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     if args.worker:
         return worker(args.kernel, args.dtype, args.shape, args.steps, args.worker[0], int(args.worker[1]))
@@ -147,6 +170,14 @@ def main():
     rows = [{"ptxas": env.get("ptxas"), **row} for row in rows]  # runs under several assemblers can share a file
     out.write_text(json.dumps({"env": env, "case": case, "rows": rows}, indent=1))
     print(f"{sum(r['status'] == 'ok' for r in rows)} of {len(rows)} configs ok; wrote {out}")
+
+
+def rejudge(path: pathlib.Path) -> None:
+    """Apply :func:`judge` to the rows of a stored sweep (its ``case`` names the dtype) and rewrite it."""
+    data = json.loads(path.read_text())
+    data["rows"] = [judge(row, data["case"]["dtype"]) for row in data["rows"]]
+    path.write_text(json.dumps(data, indent=1))
+    print(f"{sum(r['status'] == 'ok' for r in data['rows'])} of {len(data['rows'])} configs ok; rewrote {path}")
 
 
 if __name__ == "__main__":

@@ -59,3 +59,20 @@ def test_a_failing_probe_needs_only_and_then_sweeps_what_it_names(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert {row["kernel"] for row in rows} == {"chunk_state.chunk_state_fwd_kernel", "chunk_state.chunk_state_bwd_kernel"}
     assert all(row["status"] == "fault" for row in rows)  # every worker fails as the probe did
+
+
+def test_a_finished_run_with_large_or_nan_errors_is_wrong_not_ok():
+    sweep = _load()
+    row = {"status": "ok", "errors": {"o": 0.0042, "dv": 0.003, "dg": None}}
+    assert sweep.judge(row, "bfloat16")["status"] == "ok"
+    assert sweep.judge({**row, "errors": {"o": 0.86, "dv": 1.29}}, "bfloat16")["status"] == "wrong"
+    assert sweep.judge({**row, "errors": {"o": float("nan")}}, "float16")["status"] == "wrong"
+    assert sweep.judge({**row, "errors": {"o": 0.0042}}, "float32")["status"] == "wrong"
+    assert sweep.judge({"status": "fault", "error": "illegal memory access"}, "bfloat16")["status"] == "fault"
+
+
+def test_the_stored_sweep_carries_the_verdict_of_its_numbers():
+    sweep = _load()
+    data = json.loads((SCRIPT.parent / "results" / "triton_config_sweep_nvidia_h200.json").read_text())
+    for row in data["rows"]:
+        assert row == sweep.judge(row, data["case"]["dtype"])
