@@ -3,10 +3,11 @@
 ``python benchmarks/run_notebooks.py [NOTEBOOK ...] [--allow-errors] [--outside DIR] [--out PATH]``
 (default: notebooks/[0-9]*.ipynb) executes each notebook in a fresh kernel from its first cell (the
 committed outputs are replaced, the files on disk are not touched), and writes
-``benchmarks/results/notebooks_<device>.json`` (or ``--out``): per notebook, ok or the errors of the
-failing cells (execution stops at the first unless ``--allow-errors``), the wall time with its slowest
+``benchmarks/results/notebooks_<device>.json`` (or ``--out``), a row per notebook (``bench.load_results``
+reads it): ok or the errors of the failing cells (execution stops at the first unless ``--allow-errors``), the wall time with its slowest
 cells, what the setup cell printed (framework versions, then the device line), the figures drawn
-against the committed copy, and whether any output says a stored result is missing.
+against the committed copy, how many autotuning lines the Triton kernels printed, and whether any
+output says a stored result is missing.
 
 ``--outside DIR`` runs each notebook from a copy in the empty folder DIR, as a reader who installed
 the wheel does: the kernel then imports the installed ``gla_ref``, not this checkout. It is how the
@@ -55,6 +56,7 @@ def execute(path: pathlib.Path, timeout_s: int = 600, allow_errors: bool = False
     status["device_line"] = status["setup_lines"][-1] if status["setup_lines"] else ""
     status["figures"] = figures(nb)
     status["says_no_stored_result"] = "no stored" in output_text(nb).lower()
+    status["autotuning_lines"] = sum(line.startswith("autotuning ") for line in output_text(nb).splitlines())
     return status
 
 
@@ -95,19 +97,19 @@ def main(argv=None):
     paths = [p.resolve() for p in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
     env = bench.environment()
     out = args.out or RESULTS / f"notebooks_{bench.slug(env['device'])}.json"
-    runs = {}
+    rows = []
     for path in paths:
         run = path
         if args.outside:
             args.outside.mkdir(parents=True, exist_ok=True)
             run = pathlib.Path(shutil.copy(path, args.outside / path.name)).resolve()
-        runs[path.name] = execute(run, allow_errors=args.allow_errors)
-        runs[path.name]["committed_figures"] = figures(nbformat.read(path, as_version=4))
-        print(path.name, runs[path.name], flush=True)
-        record = {"env": env, "outside": str(args.outside) if args.outside else None, "notebooks": runs}
+        rows.append({"notebook": path.name, **execute(run, allow_errors=args.allow_errors),
+                     "committed_figures": figures(nbformat.read(path, as_version=4))})
+        print(rows[-1], flush=True)
+        record = {"env": env, "outside": str(args.outside) if args.outside else None, "rows": rows}
         out.write_text(json.dumps(record, indent=1))  # after every notebook: a run cut short keeps what ran
     print("wrote", out)
-    return 0 if all(r["ok"] for r in runs.values()) else 1
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import pathlib
 
 import nbformat
 
+from gla_ref import bench
+
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "run_notebooks.py"
 spec = importlib.util.spec_from_file_location("run_notebooks", SCRIPT)
 rn = importlib.util.module_from_spec(spec)
@@ -50,7 +52,8 @@ def test_outside_runs_a_copy_and_counts_figures(tmp_path):
                      "print('no stored result here')")
     out = tmp_path / "record.json"
     assert rn.main([str(path), "--outside", str(tmp_path / "empty"), "--out", str(out)]) == 0
-    run = __import__("json").loads(out.read_text())["notebooks"]["nb.ipynb"]
+    (run,) = bench.load_results(out)["rows"]
+    assert run["notebook"] == "nb.ipynb" and run["autotuning_lines"] == 0
     assert run["setup_lines"] == ["torch 2.13", "CPU: here"] and run["figures"] == 1
     assert run["committed_figures"] == 0 and run["says_no_stored_result"]
     assert (tmp_path / "empty" / "nb.ipynb").is_file()

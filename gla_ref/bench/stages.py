@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 def torch_chunk_parts(q, k, v, g, chunk_size=64, sub_chunk_size=16):
     """The pure-PyTorch chunk form (``torch_ref.chunk_gla_two_level``) cut at its two terms, to time
     them apart: ``(parts, combine)``, with ``parts["inter"]()`` the state recurrence and ``Q S``
@@ -10,7 +11,7 @@ def torch_chunk_parts(q, k, v, g, chunk_size=64, sub_chunk_size=16):
     from gla_ref import torch_ref as R
 
     R._check_sub_chunk_size(chunk_size, sub_chunk_size)
-    q_, k_, v_, g_, h0, scale = R._checked(q, k, v, g, None, None)
+    (q_, k_, v_, g_, h0, scale), _ = R._checked(q, k, v, g, None, None)
     dtype, T = q.dtype, q.shape[1]
     qm, km, vm, gm, h0 = R._to_math(q_, k_, v_, g_, h0, scale)
     qm, km, vm, gm = R._chunked(chunk_size, qm, km, vm, gm)
