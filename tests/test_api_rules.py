@@ -17,7 +17,7 @@ import gla_ref.triton.chunk_simple as triton_simple
 import gla_ref.triton.fused_chunk as triton_fused_chunk
 import gla_ref.triton.fused_recurrent as triton_fused_recurrent
 import gla_ref.triton.historical as triton_historical
-from gla_ref import jax_ref, pallas, torch_ref
+from gla_ref import device, jax_ref, pallas, torch_ref
 from gla_ref import triton as gtriton
 from gla_ref._validate import check_chunk_sizes, check_flag, check_scale
 from gla_ref.testing import as_jax, as_torch, random_inputs, rel_rmse
@@ -36,6 +36,11 @@ def jax_forms():
     return [jax_ref.recurrent_gla, jax_ref.parallel_gla, jax_ref.chunk_gla, jax_ref.chunk_gla_two_level]
 
 
+def on_device(x, **kw):
+    """NumPy inputs as torch tensors where the Triton kernels run (CUDA with a GPU, else the CPU)."""
+    return as_torch(x, device=device.torch_device(), **kw)
+
+
 def kernel(f, convert, scalar_gate=False):
     """``call(x, **options)``: kernel f on NumPy inputs x, converted (a scalar gate for simple GLA)."""
     def call(x, **options):
@@ -46,11 +51,11 @@ def kernel(f, convert, scalar_gate=False):
 
 
 KERNELS = {  # every kernel wrapper, on tiny float32 shapes
-    "triton.chunk_gla": kernel(gtriton.chunk_gla, as_torch),
-    "triton.chunk_simple_gla": kernel(gtriton.chunk_simple_gla, as_torch, scalar_gate=True),
-    "triton.fused_chunk_gla": kernel(gtriton.fused_chunk_gla, as_torch),
-    "triton.fused_recurrent_gla": kernel(gtriton.fused_recurrent_gla, as_torch),
-    "triton.fused_chunk_gla_historical": kernel(gtriton.fused_chunk_gla_historical, as_torch),
+    "triton.chunk_gla": kernel(gtriton.chunk_gla, on_device),
+    "triton.chunk_simple_gla": kernel(gtriton.chunk_simple_gla, on_device, scalar_gate=True),
+    "triton.fused_chunk_gla": kernel(gtriton.fused_chunk_gla, on_device),
+    "triton.fused_recurrent_gla": kernel(gtriton.fused_recurrent_gla, on_device),
+    "triton.fused_chunk_gla_historical": kernel(gtriton.fused_chunk_gla_historical, on_device),
     "pallas.chunk_gla": kernel(pallas.chunk_gla, as_jax),
     "pallas.fused_chunk_gla": kernel(pallas.fused_chunk_gla, as_jax),
     "pallas.chunk_simple_gla": kernel(pallas.chunk_simple_gla, as_jax, scalar_gate=True),
@@ -109,13 +114,14 @@ def test_references_take_numpy_scales(fw):
 def test_explicit_scale_reaches_every_gradient(name):
     """A non-default scale (0.37, not K**-0.5 = 0.25) reaches the forward and every gradient."""
     scale = np.float32(0.37)
-    xt = as_torch(X, requires_grad=True)
+    xt = on_device(X, requires_grad=True)
     f = gtriton.fused_recurrent_gla if "recurrent" in name else gtriton.fused_chunk_gla
     o, S = f(xt["q"], xt["k"], xt["v"], xt["g"], scale=scale, initial_state=xt["initial_state"],
              output_final_state=True)
     rng = np.random.default_rng(1)
     do, dS = rng.standard_normal(o.shape), rng.standard_normal(S.shape)
-    ((o * torch.tensor(do, dtype=o.dtype)).sum() + (S * torch.tensor(dS, dtype=S.dtype)).sum()).backward()
+    ((o * torch.tensor(do, dtype=o.dtype, device=o.device)).sum()
+     + (S * torch.tensor(dS, dtype=S.dtype, device=S.device)).sum()).backward()
     o64, S64 = recurrence64(**X, scale=float(scale))
     assert rel_rmse(o64, o) < 1e-5 and rel_rmse(S64, S) < 1e-5
     for arg, d64 in recurrence64_grads(**X, scale=float(scale), do=do, dS=dS).items():

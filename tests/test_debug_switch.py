@@ -136,7 +136,7 @@ def gated_inputs(value, width):
 
 
 def torch_gla(f, **kw):
-    return lambda x: f(**as_torch(x), output_final_state=True, **kw)
+    return lambda x: f(**as_torch(x, device=device.torch_device()), output_final_state=True, **kw)
 
 
 def jax_gla(f, **kw):

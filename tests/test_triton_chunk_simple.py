@@ -106,12 +106,27 @@ def test_against_float64_reference(c):
     compare_with_reference(c, t, r, names, (o, ht), (ro, rht), _case_id(c), DEV)
 
 
-def test_g_gamma_gets_no_gradient():
-    """g_gamma is a fixed hyper-parameter: even when it asks for a gradient, none is returned."""
-    x = as_torch(random_inputs(1, 9, 2, 16, 16, "const"), device=DEV, requires_grad=True)
-    o, _ = chunk_simple_gla(x["q"], x["k"], x["v"], g_gamma=x["g"], chunk_size=16)
-    o.sum().backward()
-    assert x["g"].grad is None and x["q"].grad is not None
+@pytest.mark.parametrize("with_g", [False, True], ids=["gamma", "g+gamma"])
+def test_g_gamma_gradient(with_g):
+    """g_gamma gets its true gradient (as in the Pallas kernel): the gate gradient summed over batch and
+    tokens, against float64 autograd through g_gamma broadcast to every token."""
+    x = as_torch(random_inputs(2, 21, 2, 16, 16, "scalar", initial_state=True), device=DEV)
+    gamma = as_torch(random_inputs(1, 1, 2, 1, 1, "const", seed=5), device=DEV)["g"].requires_grad_()
+    g = x["g"].clone().requires_grad_() if with_g else None
+    o, ht = chunk_simple_gla(x["q"], x["k"], x["v"], g, gamma, initial_state=x["initial_state"],
+                             output_final_state=True, chunk_size=16)
+    gen = torch.Generator().manual_seed(2)
+    do, dht = torch.randn(o.shape, generator=gen).to(DEV), torch.randn(ht.shape, generator=gen).to(DEV)
+    got = torch.autograd.grad((o, ht), [gamma] + ([g] if with_g else []), (do, dht))
+    r = {n: x[n].double() for n in ("q", "k", "v", "initial_state")}
+    gamma64 = gamma.detach().double().requires_grad_()
+    g64 = x["g"].double().requires_grad_() if with_g else None
+    g_ref = gamma64 if g64 is None else g64 + gamma64
+    ro, rht = recurrent_gla(r["q"], r["k"], r["v"], g_ref, initial_state=r["initial_state"], output_final_state=True)
+    ref = torch.autograd.grad((ro, rht), [gamma64] + ([g64] if with_g else []), (do.double(), dht.double()))
+    assert got[0].dtype == gamma.dtype and got[0].shape == gamma.shape
+    for name, a, b in zip(("dg_gamma", "dg"), ref, got):
+        assert_close(name, a, b, TOL[F32])
 
 
 def test_simple_matches_chunk_gla_with_broadcast_gate():

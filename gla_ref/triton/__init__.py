@@ -1,7 +1,12 @@
 """Triton kernels for GLA (PyTorch autograd functions).
 
 Without a CUDA device, every kernel runs in Triton's CPU interpreter: the switch is made here,
-before any kernel is defined, so users set nothing themselves.
+before any kernel is defined, so users set nothing themselves. The interpreter takes float32 and
+float16 inputs; bfloat16 is refused there with a TypeError (its bf16 matmul returns garbage).
+
+``chunk_gla``, ``chunk_simple_gla``, ``fused_chunk_gla`` and ``fused_recurrent_gla`` take packed
+batches: ``cu_seqlens``, FLA's int64 ``[N + 1]`` offsets into a batch with B = 1, with initial and
+final states ``[N, H, K, V]``.
 """
 
 import os

@@ -1,8 +1,9 @@
-"""What every Triton launcher shares: input checks, value checks, autotune configs."""
+"""What every Triton launcher shares: input checks, value checks, packed batches, autotune configs."""
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -15,9 +16,16 @@ MAX_DIM = 256
 """Largest K or V a kernel accepts (blocks are powers of two up to this)."""
 
 
-def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,)) -> Dims:
-    """Validate a launch before any kernel runs: shapes, dtypes, one device, and (in debug mode) values."""
-    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=gate_ranks, max_dim=MAX_DIM)
+def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_seqlens=None) -> Dims:
+    """Validate a launch before any kernel runs: shapes, dtypes, one device, and (in debug mode) values.
+
+    With ``cu_seqlens`` (int64 ``[N + 1]`` offsets of a packed batch, B = 1) the initial state is
+    ``[N, H, K, V]``; its values are read on the host (:func:`gla_ref._validate.check_cu_seqlens`:
+    one device sync for a CUDA tensor; :func:`prepare_packed` passes its host copy). Under
+    Triton's CPU interpreter, bfloat16 inputs are refused (TypeError): its bf16 ``tl.dot`` returns
+    garbage (values near 1e10) without an error.
+    """
+    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=gate_ranks, max_dim=MAX_DIM, cu_seqlens=cu_seqlens)
     tensors = {"q": q, "k": k, "v": v, "g": g, "initial_state": initial_state}
     for name, x in tensors.items():
         if x is not None and not isinstance(x, torch.Tensor):
@@ -29,11 +37,88 @@ def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,)) -> Dims:
             raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all inputs must share a device")
     if q.device.type != "cuda" and not device.triton_interpret():
         raise ValueError(f"q is on {q.device}: Triton kernels need CUDA tensors when a GPU is present")
+    if device.triton_interpret():
+        refuse_interpreted_bf16(tensors)
     if q.device.type == "cuda":
         _ptxas.check(torch.cuda.get_device_capability(q.device))
     if device.is_debug():
         check_values(tensors)
     return dims
+
+
+def refuse_interpreted_bf16(tensors: dict) -> None:
+    """Triton's CPU interpreter computes bfloat16 ``tl.dot`` wrongly (finite garbage, ~1e10): refuse bf16."""
+    for name, x in tensors.items():
+        if x is not None and x.dtype == torch.bfloat16:
+            raise TypeError(f"{name} is bfloat16, which Triton's CPU interpreter computes wrongly (its bf16 "
+                            "tl.dot returns garbage): on a CPU pass float32 or float16, or run on a CUDA GPU")
+
+
+# ----------------------------------------------------------------------------- packed batches
+
+class Varlen(NamedTuple):
+    """A checked packed batch (FLA's ``cu_seqlens``), as the kernels' ``IS_VARLEN`` path reads it.
+
+    ``cu_seqlens`` int64 ``[N + 1]``: the caller's offsets, on q's device. ``chunk_indices`` int32
+    ``[NT, 2]``: row p is (sequence, chunk inside it) of chunk program p, each sequence cut into
+    ``⌈T_n / C⌉`` chunks from its own first token; ``chunk_offsets`` int32 ``[N + 1]``: the row of
+    each sequence's first chunk, the last entry being NT. Both are None without a chunk size.
+    """
+    cu_seqlens: torch.Tensor
+    N: int
+    C: int | None
+    NT: int
+    chunk_indices: torch.Tensor | None
+    chunk_offsets: torch.Tensor | None
+
+
+def prepare_packed(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_seqlens=None,
+                   chunk_size=None) -> tuple[Dims, Varlen | None]:
+    """:func:`prepare` for a launcher that takes ``cu_seqlens``; returns ``(dims, varlen)``, varlen
+    None without offsets and its chunk table None without a chunk size.
+
+    The offsets are read on the host once (a device-to-host copy: for a CUDA tensor the one sync of
+    a packed call; the backward reuses the table) and checked on that copy by :func:`prepare`
+    before anything is built. ``cu_seqlens`` must be on q's device. The table costs
+    ``8·NT + 4·(N + 1)`` bytes, copied to the device once per call.
+    """
+    on_device = isinstance(cu_seqlens, torch.Tensor)
+    if on_device and isinstance(q, torch.Tensor) and cu_seqlens.device != q.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}: "
+                         "all inputs must share a device")
+    host = cu_seqlens.to("cpu") if on_device else cu_seqlens
+    dims = prepare(q, k, v, g, initial_state, gate_ranks=gate_ranks, cu_seqlens=host)
+    if cu_seqlens is None:
+        return dims, None
+    N = len(host) - 1
+    if chunk_size is None:
+        return dims, Varlen(cu_seqlens, N, None, 0, None, None)
+    chunks = -(-(host[1:] - host[:-1]) // chunk_size)          # ⌈T_n / C⌉ chunks per sequence
+    seq = torch.repeat_interleave(torch.arange(N), chunks)
+    first = torch.cumsum(chunks, 0) - chunks
+    table = torch.stack([seq, torch.arange(len(seq)) - first[seq]], 1).to(torch.int32)
+    offsets = torch.cat([first, chunks.sum()[None]]).to(torch.int32)
+    return dims, Varlen(cu_seqlens, N, chunk_size, len(seq), table.to(q.device), offsets.to(q.device))
+
+
+def varlen_args(varlen: Varlen | None) -> dict:
+    """Keyword arguments of a kernel's packed path: ``cu_seqlens``, ``chunk_indices``, ``IS_VARLEN``."""
+    if varlen is None:
+        return dict(cu_seqlens=None, chunk_indices=None, IS_VARLEN=False)
+    return dict(cu_seqlens=varlen.cu_seqlens, chunk_indices=varlen.chunk_indices, IS_VARLEN=True)
+
+
+def num_chunks(T: int, chunk_size: int, varlen: Varlen | None) -> int:
+    """Chunks on the chunk axis of a grid: ``⌈T/C⌉`` a batch row, or every chunk of a packed batch."""
+    if varlen is None:
+        return triton.cdiv(T, chunk_size)
+    assert varlen.C == chunk_size, "the chunk table was built for another chunk size"
+    return varlen.NT
+
+
+def num_sequences(B: int, varlen: Varlen | None) -> int:
+    """Sequences (batch rows, or packed sequences): the leading size of states and initial states."""
+    return B if varlen is None else varlen.N
 
 
 def check_values(tensors: dict) -> None:
@@ -102,25 +187,26 @@ def check_chunk_size(chunk_size, sizes=(16, 32, 64)) -> int:
 
 def stateful_function(name, forward, backward, doc):
     """An autograd.Function for the kernels that keep the state on chip: it saves only the inputs and
-    the final state, and forwards one non-tensor option (chunk size, direction) to both passes.
+    the final state, and forwards one non-tensor option (chunk size, direction) and the packed batch
+    (a :class:`Varlen` or None) to both passes.
 
-    ``forward(q, k, v, g, h0, scale, output_final_state, option) -> (o, ht)``;
-    ``backward(q, k, v, g, h0, ht, do, dht, scale, option) -> (dq, dk, dv, dg, dh0)``.
+    ``forward(q, k, v, g, h0, scale, output_final_state, option, varlen) -> (o, ht)``;
+    ``backward(q, k, v, g, h0, ht, do, dht, scale, option, varlen) -> (dq, dk, dv, dg, dh0)``.
     """
-    def fwd(ctx, q, k, v, g, initial_state, scale, output_final_state, option):
+    def fwd(ctx, q, k, v, g, initial_state, scale, output_final_state, option, varlen=None):
         q, k, v = (x.contiguous() for x in (q, k, v))
         g = None if g is None else g.contiguous()
         h0 = None if initial_state is None else initial_state.contiguous()
-        o, ht = forward(q, k, v, g, h0, scale, output_final_state, option)
+        o, ht = forward(q, k, v, g, h0, scale, output_final_state, option, varlen)
         ctx.save_for_backward(q, k, v, g, h0, ht)
-        ctx.scale, ctx.option = scale, option
+        ctx.scale, ctx.option, ctx.varlen = scale, option, varlen
         return o, ht
 
     def bwd(ctx, do, dht):
         q, k, v, g, h0, ht = ctx.saved_tensors
         dht = None if dht is None else dht.contiguous()
-        grads = backward(q, k, v, g, h0, ht, do.contiguous(), dht, ctx.scale, ctx.option)
-        return (*grads, None, None, None)
+        grads = backward(q, k, v, g, h0, ht, do.contiguous(), dht, ctx.scale, ctx.option, ctx.varlen)
+        return (*grads, None, None, None, None)
 
     return type(name, (torch.autograd.Function,),
                 {"__doc__": doc, "__module__": forward.__module__,

@@ -1,7 +1,20 @@
-"""Device functions shared by the chunk kernels (chunk GLA and chunk simple GLA).
+"""Device functions shared by the Triton kernels: where a program's tokens are, and tile loads.
 
-Layouts: token tensors ``[B, T, H, D]`` (row stride ``H·D`` between tokens), states
-``[B·H, NT, K, V]``. Out-of-range rows and columns load as 0 and are never stored.
+Layouts: token tensors ``[B, T, H, D]`` (row stride ``H·D`` between tokens), chunk states
+``[B, H, NT, K, V]``. Out-of-range rows and columns load as 0 and are never stored.
+
+**Where a program's tokens are** (the one home of this rule). Every kernel addresses a sequence
+through ``bos``, the row of its first token on the flattened ``B·T`` token axis, and its length
+``T_n``; tokens are then counted from the sequence start (``t = 0 … T_n − 1``), chunks likewise,
+so the rest of a kernel is the same for both layouts:
+
+* fixed length (``IS_VARLEN`` off): sequence i is batch row i, ``bos = i·T``, ``T_n = T``;
+* packed (``IS_VARLEN``, FLA's ``cu_seqlens``, B = 1): ``bos = cu_seqlens[i]``,
+  ``T_n = cu_seqlens[i + 1] − bos``. Chunk-parallel programs find their chunk in the host-built
+  table ``chunk_indices`` (:func:`gla_ref.triton._common.prepare_packed`): row p holds (sequence, chunk in
+  that sequence) of chunk program p, so chunks never straddle two sequences.
+
+``IS_VARLEN`` is a constexpr: the fixed-length kernels compile without any of the packed code.
 """
 
 from __future__ import annotations
@@ -27,11 +40,69 @@ def block_range(i, BD: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def token_bases(i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
-    """int64 offsets of token 0 of (batch i_b, head i_h) in ``[B, T, H, K]`` and ``[B, T, H, V]``."""
-    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
-    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
-    return base_k, base_v
+def sequence_tokens(i_s, T, cu_seqlens, IS_VARLEN: tl.constexpr):
+    """Sequence i_s on the token axis: ``(bos, T_n)``, the row of its first token in the flattened
+    ``B·T`` axis (int64) and its length. Packed: two scalar loads of cu_seqlens."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_s).to(tl.int64)
+        T_n = (tl.load(cu_seqlens + i_s + 1) - bos).to(tl.int32)
+    else:
+        bos = i_s.to(tl.int64) * T
+        T_n = T
+    return bos, T_n
+
+
+@triton.jit
+def program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN: tl.constexpr):
+    """The chunk owned by program i_t of a chunk-parallel grid (batch row i_b): ``(i_n, bos, T_n)``,
+    the chunk's index inside its sequence and the sequence's ``bos`` and length. Fixed length:
+    chunk i_t of row i_b; packed: row i_t of ``chunk_indices`` (int32 ``[NT, 2]``)."""
+    if IS_VARLEN:
+        i_s = tl.load(chunk_indices + 2 * i_t)
+        i_n = tl.load(chunk_indices + 2 * i_t + 1)
+    else:
+        i_s, i_n = i_b, i_t
+    bos, T_n = sequence_tokens(i_s, T, cu_seqlens, IS_VARLEN)
+    return i_n, bos, T_n
+
+
+@triton.jit
+def chunk_state_offset(i_bh, i_t, T, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                       IS_VARLEN: tl.constexpr):
+    """Offset of the state entering chunk program i_t's chunk in ``h [B, H, NT, K, V]``: NT is
+    ``⌈T/C⌉`` a row, or every chunk of the packed batch (the grid's axis 1) when packed."""
+    if IS_VARLEN:
+        NT = tl.num_programs(1)
+    else:
+        NT = tl.cdiv(T, C)
+    return (i_bh.to(tl.int64) * NT + i_t) * K * V
+
+
+@triton.jit
+def sequence_chunks(i_s, i_h, T, cu_seqlens, chunk_offsets, H: tl.constexpr, C: tl.constexpr,
+                    IS_VARLEN: tl.constexpr):
+    """For a program that walks sequence i_s chunk by chunk (grid axis 2 = N·H): ``(bos, T_n,
+    first)``, ``first`` being the row of its first chunk's state in h viewed as ``[B·H·NT, K, V]``.
+    Packed: ``i_h · NT + chunk_offsets[i_s]``, NT = ``chunk_offsets[N]`` (int32 ``[N + 1]``)."""
+    bos, T_n = sequence_tokens(i_s, T, cu_seqlens, IS_VARLEN)
+    if IS_VARLEN:
+        NT = tl.load(chunk_offsets + tl.num_programs(2) // H)
+        first = i_h.to(tl.int64) * NT + tl.load(chunk_offsets + i_s)
+    else:
+        first = (i_s * H + i_h).to(tl.int64) * tl.cdiv(T, C)
+    return bos, T_n, first
+
+
+@triton.jit
+def token_base(bos, i_h, H: tl.constexpr, D: tl.constexpr):
+    """int64 offset of (token row bos, head i_h) in a ``[B, T, H, D]`` tensor."""
+    return (bos * H + i_h) * D
+
+
+@triton.jit
+def token_bases(bos, i_h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """int64 offsets of (token row bos, head i_h) in ``[B, T, H, K]`` and ``[B, T, H, V]``."""
+    return token_base(bos, i_h, H, K), token_base(bos, i_h, H, V)
 
 
 @triton.jit
@@ -48,9 +119,9 @@ def store_rows(ptr, x, rows, m_rows, cols, m_cols, stride):
 
 
 @triton.jit
-def load_causal_A(A, i_b, i_h, t, m_t, o_t, T, H: tl.constexpr, C: tl.constexpr):
+def load_causal_A(A, bos, i_h, t, m_t, o_t, H: tl.constexpr, C: tl.constexpr):
     """Chunk n's ``C × C`` tile of A ``[B, T, H, C]`` with the causal mask M applied (by tl.where)."""
-    p_A = A + (i_b.to(tl.int64) * T * H + i_h) * C + t[:, None] * (H * C) + o_t[None, :]
+    p_A = A + token_base(bos, i_h, H, C) + t[:, None] * (H * C) + o_t[None, :]
     b_A = tl.load(p_A, mask=m_t[:, None], other=0.0)
     return tl.where(o_t[:, None] >= o_t[None, :], b_A, 0.0)
 

@@ -27,6 +27,11 @@ dγ_n being the gradient of the chunk's total decay γ_n (which every token's g 
 sequence-wide reverse cumsum is needed. Grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: a program owns a chunk's
 ``C × BK`` tiles of dq, dk, dg. HBM: dO, v, a ``BK × V`` slice of S_n and dS_{n+1}, then q, k, Γ and
 the float32 intra-chunk dq, dk read; dq, dk, dg written once.
+
+Packed batch (``varlen``): every grid's chunk axis runs over the NT chunks of all sequences and its
+batch·head axis over H; a program reads its row of the chunk table and its sequence's two offsets,
+and dγ_n needs no change (a chunk never crosses a sequence end, and dS_{n+1} of a sequence's last
+chunk is that sequence's final-state cotangent).
 """
 
 from __future__ import annotations
@@ -35,15 +40,25 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune, autotune_configs, block, block_configs
+from gla_ref.triton._common import (
+    autotune,
+    autotune_configs,
+    block,
+    block_configs,
+    num_chunks,
+    varlen_args,
+)
 from gla_ref.triton._tiles import (
     block_range,
+    chunk_state_offset,
     chunk_tokens,
     inter_chunk_dqk,
     load_causal_A,
     load_rows,
+    program_chunk,
     reverse_cumsum,
     store_rows,
+    token_base,
     token_bases,
 )
 from gla_ref.triton.chunk_backward_intra import chunk_bwd_dqk_intra
@@ -58,21 +73,21 @@ def _dqkg_configs():
                                                   (64, 64, 4, 2), (32, 64, 8, 2))])
 
 
-@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C"], BV="V")
+@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, T, T_BUCKET, H: tl.constexpr,
+def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, cu_seqlens, chunk_indices, T, T_BUCKET, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                        BV: tl.constexpr, PREC: tl.constexpr):
-    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                        BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    NT = tl.cdiv(T, C)
+    p_dh = dh + chunk_state_offset(i_bh, i_t, T, K, V, C, IS_VARLEN)
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
     o_t, t, m_t = chunk_tokens(i_n, T, C)
     t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
     o_v, m_v = block_range(i_v, BV, V)
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
-    p_dh = dh + (i_bh.to(tl.int64) * NT + i_n) * K * V
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
 
-    b_A = load_causal_A(A, i_b, i_h, t, m_t, o_t, T, H, C)
+    b_A = load_causal_A(A, bos, i_h, t, m_t, o_t, H, C)
     b_do = load_rows(do + base_v, t, m_t, o_v, m_v, H * V)
     b_dv = tl.dot(tl.trans(b_A.to(b_do.dtype)), b_do, input_precision=PREC)
     for i_k in range(tl.cdiv(K, BK)):
@@ -86,14 +101,16 @@ def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, T, T_BUCKET, H: tl.constexpr,
     store_rows(dv + base_v, b_dv, t, m_t, o_v, m_v, H * V)
 
 
-@autotune(block_configs("BV"), ["V", "T_BUCKET", "C"], BV="V")
+@autotune(block_configs("BV"), ["V", "T_BUCKET", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def chunk_bwd_dA_kernel(v, do, dA, scale, T, T_BUCKET, H: tl.constexpr, V: tl.constexpr,
-                        C: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+def chunk_bwd_dA_kernel(v, do, dA, cu_seqlens, chunk_indices, scale, T, T_BUCKET, H: tl.constexpr,
+                        V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                        IS_VARLEN: tl.constexpr):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
     o_t, t, m_t = chunk_tokens(i_n, T, C)
-    base_v = (i_b.to(tl.int64) * T * H + i_h) * V
+    base_v = token_base(bos, i_h, H, V)
     b_dA = tl.zeros([C, C], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v, m_v = block_range(i_v, BV, V)
@@ -101,22 +118,23 @@ def chunk_bwd_dA_kernel(v, do, dA, scale, T, T_BUCKET, H: tl.constexpr, V: tl.co
         b_do = load_rows(do + base_v, t, m_t, o_v, m_v, H * V)
         b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
     b_dA = tl.where(o_t[:, None] >= o_t[None, :], b_dA * scale, 0.0)
-    store_rows(dA + (i_b.to(tl.int64) * T * H + i_h) * C, b_dA, t, m_t, o_t, o_t < C, H * C)
+    store_rows(dA + token_base(bos, i_h, H, C), b_dA, t, m_t, o_t, o_t < C, H * C)
 
 
-@autotune(_dqkg_configs(), ["K", "V", "T_BUCKET", "C"], BK="K", BV="V")
+@autotune(_dqkg_configs(), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
-def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg, scale, T, T_BUCKET,
-                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                          BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg, cu_seqlens, chunk_indices,
+                          scale, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                          C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                          IS_VARLEN: tl.constexpr):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    NT = tl.cdiv(T, C)
+    p_state = chunk_state_offset(i_bh, i_t, T, K, V, C, IS_VARLEN)
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
     o_t, t, m_t = chunk_tokens(i_n, T, C)
     t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
     o_k, m_k = block_range(i_k, BK, K)
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
-    p_state = (i_bh.to(tl.int64) * NT + i_n) * K * V
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
 
     _, b_dq, b_dk, b_hdh = inter_chunk_dqk(v, do, h, dh, base_v, p_state, t, m_t, o_k, m_k,
                                            H, V, C, BK, BV, PREC, WITH_DA=False)
@@ -136,40 +154,43 @@ def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg
     store_rows(dg + base_k, b_dg, t, m_t, o_k, m_k, H * K)
 
 
-def chunk_bwd_dv(k, gc, A, dh, do, chunk_size: int) -> torch.Tensor:
+def chunk_bwd_dv(k, gc, A, dh, do, chunk_size: int, varlen=None) -> torch.Tensor:
+    """dv ``[B, T, H, V]`` in do's dtype (chunks of each packed sequence with ``varlen``)."""
     B, T, H, K = k.shape
     V = do.shape[-1]
     dv = torch.empty_like(do)
-    grid = lambda meta: (triton.cdiv(V, meta["BV"]), triton.cdiv(T, chunk_size), B * H)
-    chunk_bwd_dv_kernel[grid](k, gc, A, dh, do, dv, T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
-                              V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(k))
+    grid = lambda meta: (triton.cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
+    chunk_bwd_dv_kernel[grid](k, gc, A, dh, do, dv, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
+                              V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(k), **varlen_args(varlen))
     return dv
 
 
-def chunk_bwd_dA(v, do, scale: float, chunk_size: int) -> torch.Tensor:
+def chunk_bwd_dA(v, do, scale: float, chunk_size: int, varlen=None) -> torch.Tensor:
     """dA ``[B, T, H, C]`` in float32: row t holds dA[t, ·] of its chunk (scale included, zeros above the diagonal)."""
     B, T, H, V = v.shape
     dA = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=v.device)
-    chunk_bwd_dA_kernel[(triton.cdiv(T, chunk_size), B * H)](
-        v, do, dA, scale, T, T_BUCKET=triton.next_power_of_2(T), H=H, V=V, C=chunk_size, PREC=_precision(v))
+    chunk_bwd_dA_kernel[(num_chunks(T, chunk_size, varlen), B * H)](
+        v, do, dA, scale=scale, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, V=V, C=chunk_size,
+        PREC=_precision(v), **varlen_args(varlen))
     return dA
 
 
-def chunk_bwd_dqkg(q, k, v, gc, h, dh, do, scale: float, chunk_size: int, g_dtype):
+def chunk_bwd_dqkg(q, k, v, gc, h, dh, do, scale: float, chunk_size: int, g_dtype, varlen=None):
     """dq, dk (q's dtype) and dg (``g_dtype``): dA, then the intra-chunk and the inter-chunk kernels."""
-    dA = chunk_bwd_dA(v, do, scale, chunk_size)
-    dq_intra, dk_intra = chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size)
-    return chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale, chunk_size, g_dtype)
+    dA = chunk_bwd_dA(v, do, scale, chunk_size, varlen)
+    dq_intra, dk_intra = chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size, varlen)
+    return chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale, chunk_size, g_dtype, varlen)
 
 
-def chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, g_dtype):
+def chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, g_dtype,
+                         varlen=None):
     """The last step alone: the inter-chunk dq, dk added to the float32 intra-chunk parts, and dg."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=g_dtype, device=q.device)
-    grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(T, chunk_size), B * H)
-    chunk_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg, scale, T,
+    grid = lambda meta: (triton.cdiv(K, meta["BK"]), num_chunks(T, chunk_size, varlen), B * H)
+    chunk_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg, scale=scale, T=T,
                                 T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V, C=chunk_size,
-                                PREC=_precision(q))
+                                PREC=_precision(q), **varlen_args(varlen))
     return dq, dk, dg

@@ -19,7 +19,8 @@ r of the tile and its column j, ``Γ_r − Γ_j ≤ 0`` when r ≥ j (dq) and ``
 Grid ``(⌈K/BK⌉ · C/c, ⌈T/C⌉, B·H)``: a program owns sub-chunk i of one chunk and one key block, i.e.
 the ``c × BK`` tiles of dq and dk. HBM: the rows of dA touching sub-chunk i (c × C and C × c), and
 q, k, Γ of the chunk's ``C × BK`` block read; dq, dk written once in float32 for the inter-chunk
-kernel to add to.
+kernel to add to. Packed batch (``varlen``): grid ``(⌈K/BK⌉ · C/c, NT, H)`` over the NT chunks of
+all sequences, a program reading its row of the chunk table and its sequence's two offsets.
 """
 
 from __future__ import annotations
@@ -28,8 +29,20 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune, autotune_configs, block
-from gla_ref.triton._tiles import block_range, load_rows, store_rows
+from gla_ref.triton._common import (
+    autotune,
+    autotune_configs,
+    block,
+    num_chunks,
+    varlen_args,
+)
+from gla_ref.triton._tiles import (
+    block_range,
+    load_rows,
+    program_chunk,
+    store_rows,
+    token_base,
+)
 from gla_ref.triton.chunk_intra import SUB_CHUNK
 from gla_ref.triton.chunk_state import _precision
 
@@ -104,21 +117,22 @@ def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, r, b_g, i_n
     return b_dq, b_dk
 
 
-@autotune(_configs(), ["K", "T_BUCKET", "C"])
+@autotune(_configs(), ["K", "T_BUCKET", "C", "IS_VARLEN"])
 @triton.jit
-def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr,
-                           C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, UNROLL: tl.constexpr,
-                           PREC: tl.constexpr):
-    i_ki, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, T_BUCKET, H: tl.constexpr,
+                           K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
+                           UNROLL: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_ki, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_k, i_i = i_ki // (C // c), i_ki % (C // c)
     i_b, i_h = i_bh // H, i_bh % H
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
     o_c = tl.arange(0, c)
     r = i_i * c + o_c                        # this sub-chunk's rows, inside the chunk
     t = i_n * C + r
     m_t = t < T
     o_k, m_k = block_range(i_k, BK, K)
-    base_k = (i_b.to(tl.int64) * T * H + i_h) * K
-    base_A = (i_b.to(tl.int64) * T * H + i_h) * C
+    base_k = token_base(bos, i_h, H, K)
+    base_A = token_base(bos, i_h, H, C)
     b_g = _gate_rows(gc + base_k, t, T, o_k, m_k, H * K)
 
     b_dq = _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
@@ -130,14 +144,15 @@ def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, T, T_BUCKET, H: tl.constexpr, K
     store_rows(dk + base_k, b_dk, t, m_t, o_k, m_k, H * K)
 
 
-def chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size: int):
-    """The intra-chunk dq, dk ``[B, T, H, K]`` in float32, from dA ``[B, T, H, C]`` (scale and mask included)."""
+def chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size: int, varlen=None):
+    """The intra-chunk dq, dk ``[B, T, H, K]`` in float32, from dA ``[B, T, H, C]`` (scale and mask
+    included); chunks of each packed sequence with ``varlen``."""
     B, T, H, K = q.shape
     c = min(SUB_CHUNK, chunk_size)
     BK = min(64, block(K))
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(dq)
-    grid = (triton.cdiv(K, BK) * (chunk_size // c), triton.cdiv(T, chunk_size), B * H)
-    chunk_bwd_intra_kernel[grid](q, k, gc, dA, dq, dk, T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
-                                 C=chunk_size, c=c, BK=BK, PREC=_precision(q))
+    grid = (triton.cdiv(K, BK) * (chunk_size // c), num_chunks(T, chunk_size, varlen), B * H)
+    chunk_bwd_intra_kernel[grid](q, k, gc, dA, dq, dk, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
+                                 C=chunk_size, c=c, BK=BK, PREC=_precision(q), **varlen_args(varlen))
     return dq, dk

@@ -7,7 +7,9 @@ The last row ``γ = Γ[C−1]`` is the decay of the whole chunk.
 
 Grid ``(⌈D/BD⌉, ⌈T/C⌉, B·H)``: a program owns one chunk's ``C × BD`` gate tile, reads g once and
 writes Γ once (float32). The same kernel serves the GLA gate ``[B, T, H, K]`` and the scalar gate
-``[B, T, H]`` (D = 1).
+``[B, T, H]`` (D = 1). Packed batch (``varlen``): grid ``(⌈D/BD⌉, NT, H)`` over the NT chunks of all
+sequences, each program reading its row of the chunk table (8 bytes) and cu_seqlens (16 bytes);
+a chunk never crosses a sequence end, so Γ restarts at every sequence's first token.
 """
 
 from __future__ import annotations
@@ -16,30 +18,34 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import block
+from gla_ref.triton._common import block, num_chunks, varlen_args
+from gla_ref.triton._tiles import program_chunk, token_base
 
 
 @triton.jit
-def chunk_cumsum_kernel(g, gc, T, H: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
-    i_d, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def chunk_cumsum_kernel(g, gc, cu_seqlens, chunk_indices, T, H: tl.constexpr, D: tl.constexpr,
+                        C: tl.constexpr, BD: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_d, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
     t = i_n * C + tl.arange(0, C)
     o_d = i_d * BD + tl.arange(0, BD)
-    offs = (i_b.to(tl.int64) * T * H + i_h) * D + t[:, None] * (H * D) + o_d[None, :]
+    offs = token_base(bos, i_h, H, D) + t[:, None] * (H * D) + o_d[None, :]
     mask = (t < T)[:, None] & (o_d < D)[None, :]
     b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(gc + offs, tl.cumsum(b_g, axis=0), mask=mask)
 
 
-def chunk_local_cumsum(g: torch.Tensor, chunk_size: int) -> torch.Tensor:
+def chunk_local_cumsum(g: torch.Tensor, chunk_size: int, varlen=None) -> torch.Tensor:
     """Γ: the cumulative sum of the log-gate ``g`` restarted at every chunk, in float32.
 
     ``g`` is ``[B, T, H, K]`` (GLA) or ``[B, T, H]`` (scalar gate), contiguous; the result has its shape.
+    ``varlen`` (:class:`gla_ref.triton._common.Varlen`): chunks of each packed sequence, or None.
     """
     B, T, H = g.shape[:3]
     D = g.shape[3] if g.dim() == 4 else 1
     gc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
     BD = min(64, block(D, least=1))
-    grid = (triton.cdiv(D, BD), triton.cdiv(T, chunk_size), B * H)
-    chunk_cumsum_kernel[grid](g, gc, T, H=H, D=D, C=chunk_size, BD=BD)
+    grid = (triton.cdiv(D, BD), num_chunks(T, chunk_size, varlen), B * H)
+    chunk_cumsum_kernel[grid](g, gc, T=T, H=H, D=D, C=chunk_size, BD=BD, **varlen_args(varlen))
     return gc

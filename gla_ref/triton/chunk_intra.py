@@ -23,7 +23,9 @@ factors stays within a few c ulps of exp(Γ_r − Γ_s) (or underflows where tha
 Grid ``(C/c, ⌈T/C⌉, B·H)``: a program owns the c × C row strip of A of one query sub-chunk (its
 tiles left of the diagonal, the diagonal tile, zeros right of it). HBM: the strip's q and Γ rows,
 k and Γ rows of sub-chunks j ≤ i (the earlier ones shared in L2 with the strip's neighbours), A
-written once in float32 with zeros above the diagonal.
+written once in float32 with zeros above the diagonal. Packed batch (``varlen``): grid
+``(C/c, NT, H)`` over the NT chunks of all sequences, each program reading its row of the chunk
+table and the two offsets of its sequence; rows past a sequence's end are neither read nor written.
 """
 
 from __future__ import annotations
@@ -32,8 +34,14 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune, autotune_configs, block
-from gla_ref.triton._tiles import load_rows, store_rows
+from gla_ref.triton._common import (
+    autotune,
+    autotune_configs,
+    block,
+    num_chunks,
+    varlen_args,
+)
+from gla_ref.triton._tiles import load_rows, program_chunk, store_rows, token_base
 from gla_ref.triton.chunk_state import _precision
 
 SUB_CHUNK = 16
@@ -73,20 +81,22 @@ def _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, HK: tl.constexpr, c: tl.cons
     return b_D
 
 
-@autotune(_configs(), ["K", "T_BUCKET", "C"])
+@autotune(_configs(), ["K", "T_BUCKET", "C", "IS_VARLEN"])
 @triton.jit
-def chunk_intra_kernel(q, k, gc, A, scale, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr,
-                       C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    i_i, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def chunk_intra_kernel(q, k, gc, A, cu_seqlens, chunk_indices, scale, T, T_BUCKET, H: tl.constexpr,
+                       K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
+                       PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
     p = i_n * C + i_i * c                    # first token of query sub-chunk i
     if p >= T:
         return
     o_c, o_C, o_k = tl.arange(0, c), tl.arange(0, C), tl.arange(0, BK)
     t = p + o_c
     m_t, m_k = t < T, o_k < K
-    base = (i_b.to(tl.int64) * T * H + i_h) * K
-    p_A = A + (i_b.to(tl.int64) * T * H + i_h) * C
+    base = token_base(bos, i_h, H, K)
+    p_A = A + token_base(bos, i_h, H, C)
 
     q, k, gc = q + base, k + base, gc + base
     b_q = load_rows(q, t, m_t, o_k, m_k, H * K).to(tl.float32)
@@ -102,12 +112,13 @@ def chunk_intra_kernel(q, k, gc, A, scale, T, T_BUCKET, H: tl.constexpr, K: tl.c
     store_rows(p_A, tl.zeros([c, C], dtype=tl.float32), t, m_t, o_C, o_C >= i_i * c + c, H * C)
 
 
-def chunk_intra_attention(q, k, gc, scale: float, chunk_size: int) -> torch.Tensor:
-    """A ``[B, T, H, C]`` in float32: row t holds A[t, ·] of its chunk (scale included)."""
+def chunk_intra_attention(q, k, gc, scale: float, chunk_size: int, varlen=None) -> torch.Tensor:
+    """A ``[B, T, H, C]`` in float32: row t holds A[t, ·] of its chunk (scale included); chunks of
+    each packed sequence with ``varlen``."""
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=q.device)
     c = min(SUB_CHUNK, chunk_size)
-    grid = (chunk_size // c, triton.cdiv(T, chunk_size), B * H)
-    chunk_intra_kernel[grid](q, k, gc, A, scale, T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
-                             C=chunk_size, c=c, BK=block(K), PREC=_precision(q))
+    grid = (chunk_size // c, num_chunks(T, chunk_size, varlen), B * H)
+    chunk_intra_kernel[grid](q, k, gc, A, scale=scale, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
+                             C=chunk_size, c=c, BK=block(K), PREC=_precision(q), **varlen_args(varlen))
     return A

@@ -11,7 +11,9 @@ part first (the A and V loads go out before the K loop), then adds the inter par
 BK with the scale folded into the query factor, so one accumulator takes both dots. HBM: q, Γ, A,
 the ``K × BV`` slice of S_n (float32: the bulk of the bytes), the ``C × BV`` tile of V read; O
 written once. Both block sizes are autotuned: BV = V reads q, Γ and A once per chunk, BK = K
-issues all loads of the inter part at once.
+issues all loads of the inter part at once. Packed batch (``varlen``): grid ``(⌈V/BV⌉, NT, H)``
+over the NT chunks of all sequences (chunk table row and two offsets read per program); S_n is
+that chunk's row of h ``[1, H, NT, K, V]``.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune, autotune_configs
+from gla_ref.triton._common import autotune, autotune_configs, num_chunks, varlen_args
 from gla_ref.triton._tiles import (
     block_range,
+    chunk_state_offset,
     chunk_tokens,
     load_causal_A,
     load_rows,
+    program_chunk,
     store_rows,
     token_bases,
 )
@@ -39,21 +43,21 @@ def _configs():
                                                   (64, 32, 4, 2))])
 
 
-@autotune(_configs(), ["K", "V", "T_BUCKET", "C"], BK="K", BV="V")
+@autotune(_configs(), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
-def chunk_output_kernel(q, v, gc, h, A, o, scale, T, T_BUCKET, H: tl.constexpr,
+def chunk_output_kernel(q, v, gc, h, A, o, cu_seqlens, chunk_indices, scale, T, T_BUCKET, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                        BV: tl.constexpr, PREC: tl.constexpr):
-    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                        BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    NT = tl.cdiv(T, C)
+    p_h = h + chunk_state_offset(i_bh, i_t, T, K, V, C, IS_VARLEN)
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
     o_t, t, m_t = chunk_tokens(i_n, T, C)
     t_c = tl.minimum(t, T - 1)
     o_v, m_v = block_range(i_v, BV, V)
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
-    p_h = h + (i_bh.to(tl.int64) * NT + i_n) * K * V
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
 
-    b_A = load_causal_A(A, i_b, i_h, t, m_t, o_t, T, H, C)
+    b_A = load_causal_A(A, bos, i_h, t, m_t, o_t, H, C)
     b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
     b_o = tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)
     for i_k in range(tl.cdiv(K, BK)):
@@ -66,12 +70,12 @@ def chunk_output_kernel(q, v, gc, h, A, o, scale, T, T_BUCKET, H: tl.constexpr,
     store_rows(o + base_v, b_o, t, m_t, o_v, m_v, H * V)
 
 
-def chunk_output(q, v, gc, h, A, scale: float, chunk_size: int) -> torch.Tensor:
-    """O ``[B, T, H, V]`` in q's dtype."""
+def chunk_output(q, v, gc, h, A, scale: float, chunk_size: int, varlen=None) -> torch.Tensor:
+    """O ``[B, T, H, V]`` in q's dtype (chunks of each packed sequence with ``varlen``)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
-    grid = lambda meta: (triton.cdiv(V, meta["BV"]), triton.cdiv(T, chunk_size), B * H)
-    chunk_output_kernel[grid](q, v, gc, h, A, o, scale, T, T_BUCKET=triton.next_power_of_2(T), H=H,
-                              K=K, V=V, C=chunk_size, PREC=_precision(q))
+    grid = lambda meta: (triton.cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
+    chunk_output_kernel[grid](q, v, gc, h, A, o, scale=scale, T=T, T_BUCKET=triton.next_power_of_2(T), H=H,
+                              K=K, V=V, C=chunk_size, PREC=_precision(q), **varlen_args(varlen))
     return o

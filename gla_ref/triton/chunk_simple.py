@@ -16,7 +16,12 @@ Kernels (all parallel over chunks):
 * dq/dk/dg, grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: dA = dO Vᵀ on chip, then dq = scale·exp Γ ⊙ (dO S_nᵀ)
   + (dA ⊙ D) K, dk = exp(γ − Γ) ⊙ (V dS_{n+1}ᵀ) + (dA ⊙ D)ᵀ Q, and the gate gradient of the
   closed form (paper §4.3) summed over the K block: each block writes a float32 partial
-  ``[⌈K/BK⌉, B, T, H]`` that the launcher adds up.
+  ``[⌈K/BK⌉, B, T, H]`` that the launcher adds up. The gradient of ``g_gamma`` is that gate
+  gradient summed over every batch row and token (it enters every token's gate).
+
+Packed batches (``cu_seqlens``, B = 1): as in :mod:`gla_ref.triton.chunk` — every chunk-parallel
+grid runs over the NT chunks of all sequences ``(·, NT, H)``, each program reading its row of the
+host-built chunk table and its sequence's two offsets; the state recurrences run per sequence.
 """
 
 from __future__ import annotations
@@ -35,16 +40,22 @@ from gla_ref.triton._common import (
     block_configs,
     check_chunk_size,
     check_values,
-    prepare,
+    num_chunks,
+    prepare_packed,
+    refuse_interpreted_bf16,
     resolve_scale,
+    varlen_args,
 )
 from gla_ref.triton._tiles import (
     block_range,
+    chunk_state_offset,
     chunk_tokens,
     inter_chunk_dqk,
     load_rows,
+    program_chunk,
     reverse_cumsum,
     store_rows,
+    token_base,
     token_bases,
 )
 from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
@@ -73,18 +84,18 @@ def _decay_mask(b_g, o_t, TRANSPOSED: tl.constexpr):
     return tl.where(causal, tl.exp(tl.where(causal, diff, 0.0)), 0.0)
 
 
-@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C"], BV="V")
+@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def simple_output_kernel(q, k, v, gc, h, o, scale, T, T_BUCKET, H: tl.constexpr,
+def simple_output_kernel(q, k, v, gc, h, o, cu_seqlens, chunk_indices, scale, T, T_BUCKET, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                         BV: tl.constexpr, PREC: tl.constexpr):
-    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                         BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    NT = tl.cdiv(T, C)
+    p_h = h + chunk_state_offset(i_bh, i_t, T, K, V, C, IS_VARLEN)
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
     o_t, t, m_t = chunk_tokens(i_n, T, C)
     o_v, m_v = block_range(i_v, BV, V)
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
-    p_h = h + (i_bh.to(tl.int64) * NT + i_n) * K * V
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
 
     b_o = tl.zeros([C, BV], dtype=tl.float32)
     b_A = tl.zeros([C, C], dtype=tl.float32)
@@ -96,25 +107,25 @@ def simple_output_kernel(q, k, v, gc, h, o, scale, T, T_BUCKET, H: tl.constexpr,
         b_h = load_rows(p_h, o_k, m_k, o_v, m_v, V)
         b_o += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PREC)
         b_A += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
-    b_g = tl.load(gc + i_b.to(tl.int64) * T * H + i_h + tl.minimum(t, T - 1) * H)
+    b_g = tl.load(gc + token_base(bos, i_h, H, 1) + tl.minimum(t, T - 1) * H)
     b_A *= _decay_mask(b_g, o_t, False)
     b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
     b_o = (b_o * tl.exp(b_g)[:, None] + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)) * scale
     store_rows(o + base_v, b_o, t, m_t, o_v, m_v, H * V)
 
 
-@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C"], BV="V")
+@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, scale, T, T_BUCKET, H: tl.constexpr,
+def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, cu_seqlens, chunk_indices, scale, T, T_BUCKET, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                         BV: tl.constexpr, PREC: tl.constexpr):
-    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                         BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    NT = tl.cdiv(T, C)
+    p_dh = dh + chunk_state_offset(i_bh, i_t, T, K, V, C, IS_VARLEN)
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
     o_t, t, m_t = chunk_tokens(i_n, T, C)
     o_v, m_v = block_range(i_v, BV, V)
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
-    p_dh = dh + (i_bh.to(tl.int64) * NT + i_n) * K * V
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
 
     b_At = tl.zeros([C, C], dtype=tl.float32)      # Aᵀ before the decay mask: k_s · q_r
     b_dv = tl.zeros([C, BV], dtype=tl.float32)
@@ -126,7 +137,7 @@ def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, scale, T, T_BUCKET, H: tl.constex
         b_dh = load_rows(p_dh, o_k, m_k, o_v, m_v, V)
         b_At += tl.dot(b_k, tl.trans(b_q), input_precision=PREC)
         b_dv += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=PREC)
-    g_base = gc + i_b.to(tl.int64) * T * H + i_h
+    g_base = gc + token_base(bos, i_h, H, 1)
     b_g = tl.load(g_base + tl.minimum(t, T - 1) * H)
     g_last = tl.load(g_base + (tl.minimum(i_n * C + C, T) - 1) * H)
     b_At *= _decay_mask(b_g, o_t, True) * scale
@@ -135,25 +146,26 @@ def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, scale, T, T_BUCKET, H: tl.constex
     store_rows(dv + base_v, b_dv, t, m_t, o_v, m_v, H * V)
 
 
-@autotune(_dqkg_configs(), ["K", "V", "T_BUCKET", "C"], BK="K")
+@autotune(_dqkg_configs(), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BK="K")
 @triton.jit
-def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKET,
+def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, cu_seqlens, chunk_indices, scale, T, T_BUCKET,
                            B: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           STORE_DG: tl.constexpr, PREC: tl.constexpr):
-    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                           STORE_DG: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    NT = tl.cdiv(T, C)
+    p_state = chunk_state_offset(i_bh, i_t, T, K, V, C, IS_VARLEN)
+    part = i_k.to(tl.int64) * B * T * H          # this key block's partial [B, T, H] of dg
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
     o_t, t, m_t = chunk_tokens(i_n, T, C)
     o_k, m_k = block_range(i_k, BK, K)
     m_tk = m_t[:, None] & m_k[None, :]
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
     p_tk = base_k + t[:, None] * (H * K) + o_k[None, :]
-    p_state = (i_bh.to(tl.int64) * NT + i_n) * K * V
 
     b_q = tl.load(q + p_tk, mask=m_tk, other=0.0)
     b_k = tl.load(k + p_tk, mask=m_tk, other=0.0)
-    g_base = gc + i_b.to(tl.int64) * T * H + i_h
+    g_base = gc + token_base(bos, i_h, H, 1)
     b_g = tl.load(g_base + tl.minimum(t, T - 1) * H)
     g_last = tl.load(g_base + (tl.minimum(i_n * C + C, T) - 1) * H)
 
@@ -171,12 +183,12 @@ def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, T_BUCKE
     if STORE_DG:
         b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)   # dΓ_r = Σ_d (q dq − k dk)
         b_dg = reverse_cumsum(b_dG) + b_dgamma
-        tl.store(dg + ((i_k * B + i_b).to(tl.int64) * T + t) * H + i_h, b_dg, mask=m_t)
+        tl.store(dg + part + token_base(bos, i_h, H, 1) + t * H, b_dg, mask=m_t)
 
 
 class ChunkSimpleGLAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, g_gamma, scale, initial_state, output_final_state, chunk_size):
+    def forward(ctx, q, k, v, g, g_gamma, scale, initial_state, output_final_state, chunk_size, varlen=None):
         q, k, v = (x.contiguous() for x in (q, k, v))
         B, T, H, K = q.shape
         g_total = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
@@ -185,80 +197,96 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         if g_gamma is not None:
             g_total += g_gamma.detach().float()
         h0 = None if initial_state is None else initial_state.contiguous()
-        gc = chunk_local_cumsum(g_total, chunk_size)
-        h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size)
+        gc = chunk_local_cumsum(g_total, chunk_size, varlen)
+        h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size, varlen)
         V = v.shape[-1]
         o = torch.empty_like(v, dtype=q.dtype)
-        grid = lambda meta: (triton.cdiv(V, meta["BV"]), triton.cdiv(T, chunk_size), B * H)
-        simple_output_kernel[grid](q, k, v, gc, h, o, scale, T, T_BUCKET=triton.next_power_of_2(T), H=H,
-                                   K=K, V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(q))
+        grid = lambda meta: (triton.cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
+        simple_output_kernel[grid](q, k, v, gc, h, o, scale=scale, T=T, T_BUCKET=triton.next_power_of_2(T), H=H,
+                                   K=K, V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(q),
+                                   **varlen_args(varlen))
         ctx.save_for_backward(q, k, v, gc, h0)
-        ctx.scale, ctx.chunk_size = scale, chunk_size
-        ctx.g_dtype = None if g is None else g.dtype
+        ctx.scale, ctx.chunk_size, ctx.varlen = scale, chunk_size, varlen
+        ctx.gate_dtypes = tuple(None if x is None else x.dtype for x in (g, g_gamma))
         return o, ht
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do, dht):
         q, k, v, gc, h0 = ctx.saved_tensors
-        C, scale = ctx.chunk_size, ctx.scale
+        C, scale, varlen = ctx.chunk_size, ctx.scale, ctx.varlen
         B, T, H, K = q.shape
         V = v.shape[-1]
         do = do.contiguous()
         dht = None if dht is None else dht.contiguous()
-        h, _ = chunk_state_fwd(k, v, gc, h0, False, C)
-        dh, dh0 = chunk_state_bwd(q, gc, do, dht, scale, h0 is not None, C)
-        meta = {"T_BUCKET": triton.next_power_of_2(T), "H": H, "K": K, "V": V, "C": C, "PREC": _precision(q)}
+        h, _ = chunk_state_fwd(k, v, gc, h0, False, C, varlen)
+        dh, dh0 = chunk_state_bwd(q, gc, do, dht, scale, h0 is not None, C, varlen)
+        meta = {"T": T, "T_BUCKET": triton.next_power_of_2(T), "H": H, "K": K, "V": V, "C": C,
+                "PREC": _precision(q), **varlen_args(varlen)}
         dv = torch.empty_like(do, dtype=v.dtype)
-        grid = lambda m: (triton.cdiv(V, m["BV"]), triton.cdiv(T, C), B * H)
-        simple_bwd_dv_kernel[grid](q, k, gc, dh, do, dv, scale, T, BK=min(64, block(K)), **meta)
-        store_dg = ctx.g_dtype is not None
+        grid = lambda m: (triton.cdiv(V, m["BV"]), num_chunks(T, C, varlen), B * H)
+        simple_bwd_dv_kernel[grid](q, k, gc, dh, do, dv, scale=scale, BK=min(64, block(K)), **meta)
+        g_dtype, gamma_dtype = ctx.gate_dtypes
+        store_dg = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
         dq, dk = torch.empty_like(q), torch.empty_like(k)
         dg = dg_partials(B, T, H, K, q.device) if store_dg else None
-        grid = lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(T, C), B * H)
-        simple_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq, dk, dg, scale, T, B=B,
+        launched = {}
+
+        def grid(m):  # called for every launch: the last one is the launch whose partials count
+            launched["BK"] = m["BK"]
+            return triton.cdiv(K, m["BK"]), num_chunks(T, C, varlen), B * H
+
+        simple_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq, dk, dg, scale=scale, B=B,
                                      BV=min(64, block(V)), STORE_DG=store_dg, **meta)
-        dg = sum_dg_partials(dg, K).to(ctx.g_dtype) if store_dg else None
-        return dq, dk, dv, dg, None, None, dh0, None, None
+        dg = dg[: triton.cdiv(K, launched["BK"])].sum(0) if store_dg else None
+        dg_g = dg.to(g_dtype) if ctx.needs_input_grad[3] else None
+        dg_gamma = dg.sum((0, 1)).to(gamma_dtype) if ctx.needs_input_grad[4] else None
+        return dq, dk, dv, dg_g, dg_gamma, None, dh0, None, None, None
 
 
 def dg_partials(B, T, H, K, device) -> torch.Tensor:
-    """Room for one float32 partial of dg ``[B, T, H]`` per key block, for the smallest BK of the configs."""
+    """Room for one float32 partial of dg ``[B, T, H]`` per key block, for the smallest BK of the configs.
+
+    Only the rows of the config that ran last are summed (its block size is read by the grid
+    function, called last for the launch that counts): while autotuning, Triton launches every
+    config on the same buffer, and a smaller BK leaves rows that the chosen one never overwrites
+    (on an H200 they made the bf16 dg wrong by 57 % at K = 100)."""
     return torch.empty(triton.cdiv(K, 32), B, T, H, dtype=torch.float32, device=device)
 
 
-def sum_dg_partials(dg: torch.Tensor, K: int) -> torch.Tensor:
-    """dg summed over the key blocks of the config that ran last. Only its rows: while autotuning, Triton
-    launches every config on the same buffer, and a smaller BK leaves rows that the chosen one never
-    overwrites (on an H200 they made the bf16 dg wrong by 57 % at K = 100)."""
-    BK = simple_bwd_dqkg_kernel.best_config.kwargs["BK"]
-    return dg[: triton.cdiv(K, BK)].sum(0)
-
-
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state=None,
-                     output_final_state=False, chunk_size=64):
+                     output_final_state=False, chunk_size=64, cu_seqlens=None):
     """Simple GLA (scalar gates), chunkwise with materialised states (Triton; differentiable).
 
     q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; ``g`` ``[B, T, H]`` data-dependent log-gates (≤ 0) or
     None; ``g_gamma`` ``[H]`` a constant log-decay per head (≤ 0) or None; both may be given (they
     add) and with neither it is plain causal linear attention. ``initial_state`` ``[B, H, K, V]``
-    float32 or None; ``chunk_size`` in 16/32/64. Returns ``(o, final_state)`` as
-    :func:`gla_ref.triton.chunk.chunk_gla` does. Gradients flow to q, k, v, g and initial_state.
-    ``g_gamma`` is a fixed hyper-parameter (e.g. RetNet's per-head decays): it gets no gradient.
+    float32 or None; ``chunk_size`` in 16/32/64; ``cu_seqlens`` None or int64 ``[N + 1]`` offsets
+    of a packed batch (B = 1, states ``[N, H, K, V]``). Dtypes, packed batches and the returned
+    ``(o, final_state)`` are as in :func:`gla_ref.triton.chunk.chunk_gla`. Gradients flow to q, k,
+    v, g, g_gamma (the gate gradient summed over batch and tokens) and initial_state.
     """
-    dims = prepare(q, k, v, g, initial_state, gate_ranks=(None, 3))
-    if g_gamma is not None:
-        if not isinstance(g_gamma, torch.Tensor):
-            raise TypeError(f"g_gamma must be a torch.Tensor or None, got {type(g_gamma).__name__}")
-        if tuple(g_gamma.shape) != (dims.H,):
-            raise ValueError(f"g_gamma must have shape [H] = [{dims.H}], got {tuple(g_gamma.shape)}")
-        if not g_gamma.is_floating_point() or g_gamma.dtype == torch.float64:
-            raise TypeError(f"g_gamma must be float16, bfloat16 or float32, got {g_gamma.dtype}")
-        if g_gamma.device != q.device:
-            raise ValueError(f"g_gamma is on {g_gamma.device} but q is on {q.device}")
-        if device.is_debug():
-            check_values({"g_gamma": g_gamma})
     chunk_size = check_chunk_size(chunk_size)
+    dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(None, 3), cu_seqlens=cu_seqlens,
+                                  chunk_size=chunk_size)
+    if g_gamma is not None:
+        _check_g_gamma(g_gamma, q, dims.H)
     output_final_state = check_flag("output_final_state", output_final_state)
     return ChunkSimpleGLAFunction.apply(q, k, v, g, g_gamma, resolve_scale(scale, dims.K),
-                                        initial_state, output_final_state, chunk_size)
+                                        initial_state, output_final_state, chunk_size, varlen)
+
+
+def _check_g_gamma(g_gamma, q, H: int) -> None:
+    """g_gamma: a float16/bfloat16/float32 tensor ``[H]`` on q's device (values under debug)."""
+    if not isinstance(g_gamma, torch.Tensor):
+        raise TypeError(f"g_gamma must be a torch.Tensor or None, got {type(g_gamma).__name__}")
+    if tuple(g_gamma.shape) != (H,):
+        raise ValueError(f"g_gamma must have shape [H] = [{H}], got {tuple(g_gamma.shape)}")
+    if not g_gamma.is_floating_point() or g_gamma.dtype == torch.float64:
+        raise TypeError(f"g_gamma must be float16, bfloat16 or float32, got {g_gamma.dtype}")
+    if g_gamma.device != q.device:
+        raise ValueError(f"g_gamma is on {g_gamma.device} but q is on {q.device}")
+    if device.triton_interpret():
+        refuse_interpreted_bf16({"g_gamma": g_gamma})
+    if device.is_debug():
+        check_values({"g_gamma": g_gamma})

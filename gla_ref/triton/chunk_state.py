@@ -19,6 +19,11 @@ Grid ``(⌈K/BK⌉, ⌈V/BV⌉, B·H)``: a program owns one ``BK × BV`` block o
 the chunks in order (the only sequential loop of chunk GLA). HBM: k, v (or q, dO) and Γ read once;
 one float32 ``BK × BV`` block written per chunk. ``GATE_K`` picks the gate layout: per key
 ``[B, T, H, K]`` (GLA) or one scalar per token ``[B, T, H]`` (simple GLA).
+
+Packed batch (``varlen``, B = 1, N sequences): grid ``(⌈K/BK⌉, ⌈V/BV⌉, N·H)``, a program walks the
+chunks of one sequence, from its own initial state ``h0[n]`` to its own final state ``ht[n]``;
+h is ``[1, H, NT, K, V]`` over the NT chunks of all sequences (sequence n's from row
+``chunk_offsets[n]``). Extra HBM: four scalars of cu_seqlens and chunk_offsets a program.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune, autotune_configs
-from gla_ref.triton._tiles import load_rows, token_bases
+from gla_ref.triton._common import autotune, autotune_configs, num_chunks, num_sequences
+from gla_ref.triton._tiles import load_rows, sequence_chunks, token_base, token_bases
 
 
 def _configs():
@@ -69,27 +74,28 @@ def _state_block(i_k, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, B
 
 
 @triton.jit
-def _token_bases(i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GATE_K: tl.constexpr):
-    """Offsets of token 0 of (i_b, i_h) in ``[B, T, H, K]``, ``[B, T, H, V]`` and Γ (per key or scalar)."""
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
+def _token_bases(bos, i_h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GATE_K: tl.constexpr):
+    """Offsets of (token row bos, head i_h) in ``[B, T, H, K]``, ``[B, T, H, V]`` and Γ (per key or scalar)."""
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
     base_g = base_k
     if not GATE_K:
-        base_g = i_b.to(tl.int64) * T * H + i_h
+        base_g = token_base(bos, i_h, H, 1)
     return base_k, base_v, base_g
 
 
-@autotune(_fwd_configs(), ["K", "V", "T_BUCKET", "GATE_K"], BK="K", BV="V")
+@autotune(_fwd_configs(), ["K", "V", "T_BUCKET", "GATE_K", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
-def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, T, T_BUCKET, H: tl.constexpr,
+def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, T_BUCKET, H: tl.constexpr,
                            K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                            BV: tl.constexpr, GATE_K: tl.constexpr, USE_H0: tl.constexpr,
-                           STORE_HT: tl.constexpr, PREC: tl.constexpr):
+                           STORE_HT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    bos, T, first = sequence_chunks(i_b, i_h, T, cu_seqlens, chunk_offsets, H, C, IS_VARLEN)
     NT = tl.cdiv(T, C)
     o_k, o_v, m_k, m_v, m_kv, o_kv = _state_block(i_k, i_v, K, V, BK, BV)
-    base_k, base_v, base_g = _token_bases(i_b, i_h, T, H, K, V, GATE_K)
-    p_h = h + i_bh.to(tl.int64) * NT * K * V + o_kv
+    base_k, base_v, base_g = _token_bases(bos, i_h, H, K, V, GATE_K)
+    p_h = h + first * K * V + o_kv
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
@@ -113,18 +119,20 @@ def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, T, T_BUCKET, H: tl.constexpr,
         tl.store(ht + i_bh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
-@autotune(_configs(), ["K", "V", "T_BUCKET", "GATE_K"], BK="K", BV="V")
+@autotune(_configs(), ["K", "V", "T_BUCKET", "GATE_K", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
-def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, scale, T, T_BUCKET,
+def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, cu_seqlens, chunk_offsets, scale, T, T_BUCKET,
                            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, GATE_K: tl.constexpr,
-                           USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr):
+                           USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr,
+                           IS_VARLEN: tl.constexpr):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    bos, T, first = sequence_chunks(i_b, i_h, T, cu_seqlens, chunk_offsets, H, C, IS_VARLEN)
     NT = tl.cdiv(T, C)
     o_k, o_v, m_k, m_v, m_kv, o_kv = _state_block(i_k, i_v, K, V, BK, BV)
-    base_k, base_v, base_g = _token_bases(i_b, i_h, T, H, K, V, GATE_K)
-    p_dh = dh + i_bh.to(tl.int64) * NT * K * V + o_kv
+    base_k, base_v, base_g = _token_bases(bos, i_h, H, K, V, GATE_K)
+    p_dh = dh + first * K * V + o_kv
 
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
@@ -154,31 +162,40 @@ def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
-def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_size: int):
-    """States entering each chunk ``h [B, H, N, K, V]`` (float32) and the final state (or None)."""
+def _varlen_kwargs(varlen):
+    """The packed-path arguments of the two state kernels (the chunk offsets, not the chunk table)."""
+    if varlen is None:
+        return dict(cu_seqlens=None, chunk_offsets=None, IS_VARLEN=False)
+    return dict(cu_seqlens=varlen.cu_seqlens, chunk_offsets=varlen.chunk_offsets, IS_VARLEN=True)
+
+
+def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_size: int, varlen=None):
+    """States entering each chunk ``h [B, H, NT, K, V]`` (float32) and the final state ``[N, H, K, V]``
+    (or None). N = B, NT = ⌈T/C⌉; packed (``varlen``, B = 1): N sequences, NT chunks of them all."""
     B, T, H, K = k.shape
     V = v.shape[-1]
-    NT = triton.cdiv(T, chunk_size)
+    NT, N = num_chunks(T, chunk_size, varlen), num_sequences(B, varlen)
     h = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=k.device)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
-    grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), B * H)
+    ht = torch.empty(N, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
+    grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), N * H)
     chunk_state_fwd_kernel[grid](
-        k, v, gc, initial_state, h, ht, T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V,
+        k, v, gc, initial_state, h, ht, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V,
         C=chunk_size, GATE_K=gc.dim() == 4, USE_H0=initial_state is not None,
-        STORE_HT=output_final_state, PREC=_precision(k))
+        STORE_HT=output_final_state, PREC=_precision(k), **_varlen_kwargs(varlen))
     return h, ht
 
 
-def chunk_state_bwd(q, gc, do, dht, scale: float, need_dh0: bool, chunk_size: int):
-    """``dh [B, H, N, K, V]`` (gradient of the state leaving each chunk, float32) and dh0 (or None)."""
+def chunk_state_bwd(q, gc, do, dht, scale: float, need_dh0: bool, chunk_size: int, varlen=None):
+    """``dh [B, H, NT, K, V]`` (gradient of the state leaving each chunk, float32) and dh0 ``[N, H, K, V]``
+    (or None), laid out as in :func:`chunk_state_fwd`."""
     B, T, H, K = q.shape
     V = do.shape[-1]
-    NT = triton.cdiv(T, chunk_size)
+    NT, N = num_chunks(T, chunk_size, varlen), num_sequences(B, varlen)
     dh = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=q.device)
-    dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
-    grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), B * H)
+    dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
+    grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), N * H)
     chunk_state_bwd_kernel[grid](
-        q, gc, do, dht, dh, dh0, scale, T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V,
+        q, gc, do, dht, dh, dh0, scale=scale, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V,
         C=chunk_size, GATE_K=gc.dim() == 4, USE_DHT=dht is not None, STORE_DH0=need_dh0,
-        PREC=_precision(q))
+        PREC=_precision(q), **_varlen_kwargs(varlen))
     return dh, dh0

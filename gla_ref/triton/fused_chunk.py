@@ -16,6 +16,7 @@ That is 0 bytes beyond its inputs and outputs: each program holds the whole dime
 sums over, so no float32 partial is written per block, and the dg buffer carries ``q ⊙ dq`` between
 the two backward kernels that need it. Autograd keeps the inputs and the final state, nothing else.
 (:func:`allocated_bytes` evaluates these formulas; the tests check them against every allocation.)
+A packed batch (``cu_seqlens``, B = 1) allocates the same with N sequences' states in place of B.
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from __future__ import annotations
 import torch
 
 from gla_ref._validate import check_flag
-from gla_ref.triton._common import check_chunk_size, prepare, resolve_scale, stateful_function
+from gla_ref.triton._common import (
+    check_chunk_size,
+    prepare_packed,
+    resolve_scale,
+    stateful_function,
+)
 from gla_ref.triton.fused_chunk_bwd import fused_chunk_backward
 from gla_ref.triton.fused_chunk_fwd import CHUNK_SIZES, fused_chunk_forward
 
@@ -48,22 +54,26 @@ FusedChunkGLA = stateful_function(
 
 
 def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
-                    chunk_size=16):
+                    chunk_size=16, cu_seqlens=None):
     """GLA in chunks of ``chunk_size`` tokens, the state kept on chip from the first chunk to the last.
 
     Args:
-        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (float32, float16 or bfloat16; K, V ≤ 256).
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K, V ≤ 256. float32, float16 or bfloat16 on a
+            GPU; float32 or float16 on a CPU (Triton's interpreter computes bf16 wrongly: refused).
         g: log forget gates ``[B, T, H, K]`` (≤ 0), or None for plain linear attention.
         scale: multiplies ``q``; default ``K ** -0.5``.
-        initial_state: ``[B, H, K, V]`` float32 state S_0, or None (zeros).
+        initial_state: ``[B, H, K, V]`` (``[N, H, K, V]`` packed) float32 state S_0, or None (zeros).
         output_final_state: also return the float32 state after the last token.
         chunk_size: C in {16, 32, 64}; the intra-chunk part costs O(C) per token (exact at any C).
+        cu_seqlens: None, or int64 ``[N + 1]`` offsets of N sequences packed in a batch with B = 1
+            (FLA's convention; read on the host, one sync), each chunked from its own first token.
 
     Returns:
-        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]`` or None.
+        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]``
+        (``[N, H, K, V]`` packed) or None.
     """
-    dims = prepare(q, k, v, g, initial_state, gate_ranks=(None, 4))
+    dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(None, 4), cu_seqlens=cu_seqlens)
     scale = resolve_scale(scale, dims.K)
     chunk_size = check_chunk_size(chunk_size, CHUNK_SIZES)
     output_final_state = check_flag("output_final_state", output_final_state)
-    return FusedChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, chunk_size)
+    return FusedChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, chunk_size, varlen)

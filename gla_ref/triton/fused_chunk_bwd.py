@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune
-from gla_ref.triton._tiles import token_bases
+from gla_ref.triton._tiles import sequence_tokens, token_bases
 from gla_ref.triton.fused_chunk_fwd import (
     chunk_gates,
     col,
@@ -76,19 +76,20 @@ def state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC: tl.constexpr):
     return dS * tl.exp(b_last)[:, None] + dot(tl.trans(b_q * scale * tl.exp(b)), b_do, tl.float32, PREC)
 
 
-@autotune(configs(), ["BK", "BV", "C", "T_BUCKET"])
+@autotune(configs(), ["BK", "BV", "C", "T_BUCKET", "IS_VARLEN"])
 @triton.jit
-def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, scale, T, T_BUCKET,
+def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, T, T_BUCKET,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                   USE_G: tl.constexpr, USE_H0: tl.constexpr):
+                   USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_k, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     DT = k.dtype.element_ty
     o_c = tl.arange(0, C)
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = tl.arange(0, BV)  # every value (BV ≥ V)
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
+    bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
     q, k, dq, v, do = q + base_k, k + base_k, dq + base_k, v + base_v, do + base_v
     if USE_G:
         g += base_k
@@ -117,17 +118,18 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, scale, T, T_BUCKET,
 
 
 @triton.jit  # not autotuned: it overwrites its input dg, so an autotuner's rerun would read dg for q ⊙ dq
-def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, scale, T, T_BUCKET,
+def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, T, T_BUCKET,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                   USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr):
+                   USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_k, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
     o_c = tl.arange(0, C)
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = tl.arange(0, BV)  # every value (BV ≥ V)
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
+    bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
     q, k, dk, v, do = q + base_k, k + base_k, dk + base_k, v + base_v, do + base_v
     if USE_G:
         g += base_k
@@ -165,19 +167,20 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, scale, T, T_BUCKET,
         tl.store(p_s, dS, mask=m_s)
 
 
-@autotune(configs(), ["BK", "BV", "C", "T_BUCKET"])
+@autotune(configs(), ["BK", "BV", "C", "T_BUCKET", "IS_VARLEN"])
 @triton.jit
-def _bwd_dv_kernel(q, k, g, do, dv, dht, scale, T, T_BUCKET,
+def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T, T_BUCKET,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                   USE_G: tl.constexpr, USE_DHT: tl.constexpr):
+                   USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
     o_c = tl.arange(0, C)
     o_k = tl.arange(0, BK)  # every key (BK ≥ K)
     o_v = i_v * BV + tl.arange(0, BV)
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
+    bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
     q, k, do, dv = q + base_k, k + base_k, do + base_v, dv + base_v
     if USE_G:
         g += base_k
@@ -200,19 +203,19 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, scale, T, T_BUCKET,
         dS = state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC)
 
 
-def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size):
+def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size, varlen=None):
     """Launch the three kernels; returns ``(dq, dk, dv, dg, dh0)`` (dg, dh0 None without g, h0),
     the only tensors it allocates."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg = None if g is None else torch.empty_like(g)
     dh0 = None if h0 is None else torch.empty_like(h0)
     flags = dict(USE_G=g is not None, USE_DHT=dht is not None)
-    key_grid, key_meta = launch_meta(q, v, chunk_size, whole="V")
-    _bwd_dq_kernel[key_grid](q, k, v, g, do, dq, dg, h0, scale, **key_meta, USE_G=g is not None,
+    key_grid, key_meta = launch_meta(q, v, chunk_size, "V", varlen)
+    _bwd_dq_kernel[key_grid](q, k, v, g, do, dq, dg, h0, scale=scale, **key_meta, USE_G=g is not None,
                              USE_H0=h0 is not None)
     tuned = _bwd_dq_kernel.best_config  # kernel 2 sweeps the same tiles in reverse: it takes kernel 1's config
-    _bwd_dk_kernel[key_grid](q, k, v, g, do, dk, dg, ht, dht, dh0, scale, **key_meta, **flags,
+    _bwd_dk_kernel[key_grid](q, k, v, g, do, dk, dg, ht, dht, dh0, scale=scale, **key_meta, **flags,
                              USE_H0=h0 is not None, num_warps=tuned.num_warps, num_stages=tuned.num_stages)
-    value_grid, value_meta = launch_meta(q, v, chunk_size, whole="K")
-    _bwd_dv_kernel[value_grid](q, k, g, do, dv, dht, scale, **value_meta, **flags)
+    value_grid, value_meta = launch_meta(q, v, chunk_size, "K", varlen)
+    _bwd_dv_kernel[value_grid](q, k, g, do, dv, dht, scale=scale, **value_meta, **flags)
     return dq, dk, dv, dg, dh0

@@ -18,6 +18,10 @@ the input dtype.
 
 HBM traffic: q, k, g read ``⌈V/BV⌉`` times, v once, o written once, the final state when asked.
 Nothing else is allocated or stored.
+
+Packed batch (``cu_seqlens``, B = 1, N sequences): grid ``(⌈V/BV⌉, N·H)``, a program walks the
+chunks of one sequence (two offsets read from cu_seqlens), cut from its own first token, from its
+initial state ``h0[n]`` to its final state ``ht[n]``. The backward kernels do the same.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune, autotune_configs, block
-from gla_ref.triton._tiles import token_bases
+from gla_ref.triton._common import autotune, autotune_configs, block, num_sequences
+from gla_ref.triton._tiles import sequence_tokens, token_bases
 
 STATE_ELEMENTS = 8192
 """Float32 state elements a program holds: 32 KiB, 64 registers a thread at 4 warps (of 255).
@@ -45,9 +49,9 @@ def configs():
     return autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 2), (8, 2), (4, 3))])
 
 
-def launch_meta(q, v, chunk_size, whole):
+def launch_meta(q, v, chunk_size, whole, varlen=None):
     """Grid and shape arguments for programs that hold the ``whole`` dimension ("K" or "V") of the
-    state and split the other: grid ``(number of blocks, B·H)``."""
+    state and split the other: grid ``(number of blocks, N·H)``, N = B or the packed sequences."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     if whole == "K":
@@ -59,8 +63,9 @@ def launch_meta(q, v, chunk_size, whole):
         BK = min(block(K), max(16, STATE_ELEMENTS // BV))
         n_blocks = triton.cdiv(K, BK)
     meta = dict(T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
-                PREC="ieee" if q.dtype == torch.float32 else "tf32")
-    return (n_blocks, B * H), meta
+                PREC="ieee" if q.dtype == torch.float32 else "tf32",
+                cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)
+    return (n_blocks, num_sequences(B, varlen) * H), meta
 
 
 # ----------------------------------------------------------------------------- on-chip helpers
@@ -160,19 +165,20 @@ def state_step(S, b_k, b_v, b, b_last, PREC: tl.constexpr):
 
 # ----------------------------------------------------------------------------- the kernel
 
-@autotune(configs(), ["BK", "BV", "C", "T_BUCKET"])
+@autotune(configs(), ["BK", "BV", "C", "T_BUCKET", "IS_VARLEN"])
 @triton.jit
-def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
+def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T, T_BUCKET,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                 BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
+                USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
     o_c = tl.arange(0, C)
     o_k = tl.arange(0, BK)  # every key (BK ≥ K)
     o_v = i_v * BV + tl.arange(0, BV)
-    base_k, base_v = token_bases(i_b, i_h, T, H, K, V)
+    bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
     q, k, v, o = q + base_k, k + base_k, v + base_v, o + base_v
     if USE_G:
         g += base_k
@@ -199,12 +205,13 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
         tl.store(p_s, S, mask=m_s)
 
 
-def fused_chunk_forward(q, k, v, g, h0, scale, output_final_state, chunk_size):
+def fused_chunk_forward(q, k, v, g, h0, scale, output_final_state, chunk_size, varlen=None):
     """Launch the forward; returns ``(o, final_state or None)``, the only tensors it allocates."""
     B, _, H, K = q.shape
-    grid, meta = launch_meta(q, v, chunk_size, whole="K")
+    grid, meta = launch_meta(q, v, chunk_size, "K", varlen)
     o = torch.empty_like(v)
-    ht = q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32) if output_final_state else None
-    _fwd_kernel[grid](q, k, v, g, o, h0, ht, scale, **meta, USE_G=g is not None, USE_H0=h0 is not None,
+    N = num_sequences(B, varlen)
+    ht = q.new_empty(N, H, K, v.shape[-1], dtype=torch.float32) if output_final_state else None
+    _fwd_kernel[grid](q, k, v, g, o, h0, ht, scale=scale, **meta, USE_G=g is not None, USE_H0=h0 is not None,
                       STORE_HT=output_final_state)
     return o, ht

@@ -19,6 +19,10 @@ Backward, two kernels on the same grid (a state column block never leaves the ch
 
 dq, dk and dg are sums over value blocks: each program writes its part in float32 and the
 launcher adds them up; dv and dh0 are complete per program.
+
+Packed batch (``cu_seqlens``, B = 1, N sequences): grid ``(⌈V/BV⌉, N·H)``, a program walks the
+tokens of one sequence (two offsets read from cu_seqlens) from its initial state ``h0[n]`` to
+its final state ``ht[n]``; no other traffic changes.
 """
 
 from __future__ import annotations
@@ -28,7 +32,16 @@ import triton
 import triton.language as tl
 
 from gla_ref._validate import check_flag
-from gla_ref.triton._common import autotune, autotune_configs, block, prepare, resolve_scale, stateful_function
+from gla_ref.triton._common import (
+    autotune,
+    autotune_configs,
+    block,
+    num_sequences,
+    prepare_packed,
+    resolve_scale,
+    stateful_function,
+)
+from gla_ref.triton._tiles import sequence_tokens, token_bases
 
 __all__ = ["fused_recurrent_gla"]
 
@@ -56,21 +69,31 @@ def _state_block(i_v, i_bh, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, 
     return o_k, o_v, m_k, m_v, m_s, p_s
 
 
-@autotune(_configs(), ["BK", "BV", "T_BUCKET"])
 @triton.jit
-def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
+def _first_token(bos, i_h, T, o_k, o_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 FROM_END: tl.constexpr):
+    """Offsets of this head's q/k/g row and v/o row at the sequence's first token (its last when
+    FROM_END: the walk then steps back one token at a time)."""
+    base_k, base_v = token_bases(bos, i_h, H, K, V)
+    t0 = (T - 1) if FROM_END else 0
+    return base_k + t0 * H * K + o_k, base_v + t0 * H * V + o_v
+
+
+@autotune(_configs(), ["BK", "BV", "T_BUCKET", "IS_VARLEN"])
+@triton.jit
+def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T, T_BUCKET,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, REVERSE: tl.constexpr):
+                USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, REVERSE: tl.constexpr,
+                IS_VARLEN: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
+    bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
     o_k, o_v, m_k, m_v, m_s, p_s = _state_block(i_v, i_bh, K, V, BK, BV)
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         S += tl.load(h0 + p_s, mask=m_s, other=0.0)
-    t0 = (T - 1) if REVERSE else 0
+    p_qk, p_vo = _first_token(bos, i_h, T, o_k, o_v, H, K, V, REVERSE)
     step = -1 if REVERSE else 1
-    p_qk = (i_b * T + t0) * H * K + i_h * K + o_k  # token t0 of this head
-    p_vo = (i_b * T + t0) * H * V + i_h * V + o_v
     for _ in range(T):
         b_q = tl.load(q + p_qk, mask=m_k, other=0.0).to(tl.float32) * scale
         b_k = tl.load(k + p_qk, mask=m_k, other=0.0).to(tl.float32)
@@ -86,26 +109,22 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, scale, T, T_BUCKET,
         tl.store(ht + p_s, S, mask=m_s)
 
 
-@autotune(_configs(), ["BK", "BV", "T_BUCKET"])
+@autotune(_configs(), ["BK", "BV", "T_BUCKET", "IS_VARLEN"])
 @triton.jit
-def _bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T, T_BUCKET,
+def _bwd_dq_kernel(k, v, g, do, dq, h0, cu_seqlens, scale, B, T, T_BUCKET,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   USE_G: tl.constexpr, USE_H0: tl.constexpr, REVERSE: tl.constexpr):
+                   USE_G: tl.constexpr, USE_H0: tl.constexpr, REVERSE: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Forward replay: rebuild S_t and write this value block's part of dq_t = scale · S_t do_tᵀ."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    dq += i_v.to(tl.int64) * B * T * H * K  # this value block's slice of the partial sums
+    bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
+    o_k, o_v, m_k, m_v, m_s, p_s = _state_block(i_v, i_bh, K, V, BK, BV)
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        S += tl.load(h0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :],
-                     mask=m_k[:, None] & m_v[None, :], other=0.0)
-    t0 = (T - 1) if REVERSE else 0
+        S += tl.load(h0 + p_s, mask=m_s, other=0.0)
+    p_qk, p_vo = _first_token(bos, i_h, T, o_k, o_v, H, K, V, REVERSE)
     step = -1 if REVERSE else 1
-    p_qk = (i_b * T + t0) * H * K + i_h * K + o_k
-    p_vo = (i_b * T + t0) * H * V + i_h * V + o_v
-    dq += i_v.to(tl.int64) * B * T * H * K  # this value block's slice of the partial sums
     for _ in range(T):
         b_k = tl.load(k + p_qk, mask=m_k, other=0.0).to(tl.float32)
         b_v = tl.load(v + p_vo, mask=m_v, other=0.0).to(tl.float32)
@@ -118,14 +137,17 @@ def _bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T, T_BUCKET,
         p_vo += step * H * V
 
 
-@autotune(_configs(), ["BK", "BV", "T_BUCKET"])
+@autotune(_configs(), ["BK", "BV", "T_BUCKET", "IS_VARLEN"])
 @triton.jit
-def _bwd_dkv_kernel(q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, scale, B, T, T_BUCKET,
+def _bwd_dkv_kernel(q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, cu_seqlens, scale, B, T, T_BUCKET,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, REVERSE: tl.constexpr):
+                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, REVERSE: tl.constexpr,
+                    IS_VARLEN: tl.constexpr):
     """Reverse sweep: carry dS_t back from dS_T, write dk, dv, dg (this block's part) and dh0."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
+    part = i_v.to(tl.int64) * B * T * H * K
+    bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
     o_k, o_v, m_k, m_v, m_s, p_s = _state_block(i_v, i_bh, K, V, BK, BV)
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     dg_acc = tl.zeros([BK], dtype=tl.float32)  # Σ_{s ≥ t} (q ⊙ dq − k ⊙ dk) + Σ_v S_T ⊙ dS_T
@@ -133,11 +155,8 @@ def _bwd_dkv_kernel(q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, scale, B, T, T
         dS += tl.load(dht + p_s, mask=m_s, other=0.0)
         if USE_G:
             dg_acc += tl.sum(tl.load(ht + p_s, mask=m_s, other=0.0) * dS, axis=1)
-    t0 = 0 if REVERSE else (T - 1)  # the last token of the recurrence
+    p_qk, p_vo = _first_token(bos, i_h, T, o_k, o_v, H, K, V, not REVERSE)  # the recurrence's last token
     step = 1 if REVERSE else -1
-    p_qk = (i_b * T + t0) * H * K + i_h * K + o_k
-    p_vo = (i_b * T + t0) * H * V + i_h * V + o_v
-    part = i_v.to(tl.int64) * B * T * H * K
     for _ in range(T):
         b_q = tl.load(q + p_qk, mask=m_k, other=0.0).to(tl.float32)
         b_k = tl.load(k + p_qk, mask=m_k, other=0.0).to(tl.float32)
@@ -158,27 +177,30 @@ def _bwd_dkv_kernel(q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, scale, B, T, T
         tl.store(dh0 + p_s, dS, mask=m_s)
 
 
-def _grid_args(q, v):
+def _grid_args(q, v, varlen):
+    """Grid ``(⌈V/BV⌉, N·H)`` (N = B, or the packed sequences) and the kernels' shape arguments."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK, BV = _blocks(K, V)
-    return (triton.cdiv(V, BV), B * H), dict(T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V,
-                                                BK=BK, BV=BV)
+    meta = dict(T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V, BK=BK, BV=BV,
+                cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)
+    return (triton.cdiv(V, BV), num_sequences(B, varlen) * H), meta
 
 
-def _forward(q, k, v, g, h0, scale, output_final_state, reverse):
-    B, _, H, K = q.shape
-    grid, meta = _grid_args(q, v)
+def _forward(q, k, v, g, h0, scale, output_final_state, reverse, varlen):
+    H, K = q.shape[2:]
+    grid, meta = _grid_args(q, v, varlen)
     o = torch.empty_like(v)
-    ht = q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32) if output_final_state else None
-    _fwd_kernel[grid](q, k, v, g, o, h0, ht, scale, **meta, USE_G=g is not None, USE_H0=h0 is not None,
+    N = num_sequences(q.shape[0], varlen)
+    ht = q.new_empty(N, H, K, v.shape[-1], dtype=torch.float32) if output_final_state else None
+    _fwd_kernel[grid](q, k, v, g, o, h0, ht, scale=scale, **meta, USE_G=g is not None, USE_H0=h0 is not None,
                       STORE_HT=output_final_state, REVERSE=reverse)
     return o, ht
 
 
-def _backward(q, k, v, g, h0, ht, do, dht, scale, reverse):
+def _backward(q, k, v, g, h0, ht, do, dht, scale, reverse, varlen):
     B, T, H, K = q.shape
-    grid, meta = _grid_args(q, v)
+    grid, meta = _grid_args(q, v, varlen)
     NV = grid[0]
     dq = q.new_empty(NV, B, T, H, K, dtype=torch.float32)
     dk = torch.empty_like(dq)
@@ -186,8 +208,8 @@ def _backward(q, k, v, g, h0, ht, do, dht, scale, reverse):
     dv = torch.empty_like(v)
     dh0 = torch.empty_like(h0) if h0 is not None else None
     flags = dict(USE_G=g is not None, USE_H0=h0 is not None, REVERSE=reverse)
-    _bwd_dq_kernel[grid](k, v, g, do, dq, h0, scale, B, **meta, **flags)
-    _bwd_dkv_kernel[grid](q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, scale, B, **meta,
+    _bwd_dq_kernel[grid](k, v, g, do, dq, h0, scale=scale, B=B, **meta, **flags)
+    _bwd_dkv_kernel[grid](q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, scale=scale, B=B, **meta,
                           USE_DHT=dht is not None, **flags)
     dg = None if g is None else dg.sum(0).to(g.dtype)
     return dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dv, dg, dh0
@@ -199,22 +221,26 @@ FusedRecurrentGLA = stateful_function(
 
 
 def fused_recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
-                        reverse=False):
+                        reverse=False, cu_seqlens=None):
     """GLA by its recurrence, one token at a time, the state held on chip (decoding, short T).
 
     Args:
-        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (float32, float16 or bfloat16; K, V ≤ 256).
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K, V ≤ 256. float32, float16 or bfloat16 on a
+            GPU; float32 or float16 on a CPU (Triton's interpreter computes bf16 wrongly: refused).
         g: log forget gates ``[B, T, H, K]`` (≤ 0), or None for plain linear attention.
         scale: multiplies ``q``; default ``K ** -0.5``.
-        initial_state: ``[B, H, K, V]`` float32 state S_0, or None (zeros).
+        initial_state: ``[B, H, K, V]`` (``[N, H, K, V]`` packed) float32 state S_0, or None (zeros).
         output_final_state: also return the float32 state after the last token.
-        reverse: run the recurrence from the last token to the first.
+        reverse: run the recurrence from the last token to the first (of each sequence).
+        cu_seqlens: None, or int64 ``[N + 1]`` offsets of N sequences packed in a batch with B = 1
+            (FLA's convention; read on the host, one sync), each run from its own initial state.
 
     Returns:
-        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]`` or None.
+        ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]``
+        (``[N, H, K, V]`` packed) or None.
     """
-    dims = prepare(q, k, v, g, initial_state, gate_ranks=(None, 4))
+    dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(None, 4), cu_seqlens=cu_seqlens)
     scale = resolve_scale(scale, dims.K)
     return FusedRecurrentGLA.apply(q, k, v, g, initial_state, scale,
                                    check_flag("output_final_state", output_final_state),
-                                   check_flag("reverse", reverse))
+                                   check_flag("reverse", reverse), varlen)

@@ -29,7 +29,9 @@ step  original                           here
 
 Forward only. This module has no backward, and it refuses to pretend otherwise: with gradient
 mode on, an input that requires grad is a ValueError (step 5 alone would silently give v a partial
-gradient). Call it under ``torch.no_grad()``; its outputs never require grad.
+gradient). Call it under ``torch.no_grad()``; its outputs never require grad. bfloat16 inputs run
+on a GPU only: on a CPU, Triton's interpreter computes bf16 matmuls wrongly, so every step refuses
+them there.
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ import torch.nn.functional as F
 
 from gla_ref import device
 from gla_ref._validate import check_flag
-from gla_ref.triton._common import MAX_DIM, block, check_values, prepare, resolve_scale
+from gla_ref.triton._common import (
+    MAX_DIM,
+    block,
+    check_values,
+    prepare,
+    refuse_interpreted_bf16,
+    resolve_scale,
+)
 from gla_ref.triton.historical_decay_cumsum import launch_decay_cumsum
 from gla_ref.triton.historical_fused_chunk import launch_fused_chunk
 from gla_ref.triton.historical_inner_chunk import launch_inner_chunk
@@ -84,6 +93,8 @@ def _lead(name: str, x) -> tuple:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
     if x.device.type != "cuda" and not device.triton_interpret():
         raise ValueError(f"{name} is on {x.device}: Triton kernels need CUDA tensors when a GPU is present")
+    if device.triton_interpret():
+        refuse_interpreted_bf16({name: x})
     return tuple(x.shape)
 
 
@@ -245,7 +256,8 @@ def fused_chunk_gla_historical(q, k, v, g, *, scale=None, initial_state=None, ou
     """GLA forward as the first Triton implementation ran it: five steps, chunks of 16, no backward.
 
     Args:
-        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (float32, float16 or bfloat16; K, V ≤ 256).
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K, V ≤ 256. float32, float16 or bfloat16 on a
+            GPU; float32 or float16 on a CPU (Triton's interpreter computes bf16 wrongly: refused).
         g: natural-log forget gates ``[B, T, H, K]`` (≤ 0); required (the original was GLA only).
         scale: multiplies q; default ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` float32 state S_0, or None (zeros).
