@@ -69,6 +69,84 @@ def plot_memory_vs_length(Ts, H, d, ax=None, *, cache_dtype_bytes=2, state_dtype
     return ax
 
 
+def show_source(*objects):
+    """The source code of the given functions (or classes), one after the other, as an
+    ``IPython.display.Code`` object: a notebook cell that ends with it shows the code highlighted,
+    and its plain-text form is the source itself. Chapters use it to show the library's own lines."""
+    import inspect
+
+    from IPython.display import Code
+
+    if not objects:
+        raise ValueError("show_source needs at least one function or class")
+    return Code("\n\n".join(inspect.getsource(obj).rstrip("\n") for obj in objects), language="python")
+
+
+def plot_chunkwise_form(T, C, axes=None):
+    """The chunkwise form as a picture, for T tokens in chunks of C (N = ⌈T/C⌉, at most 8 chunks).
+
+    Left: every (query i, key j) pair, by the part of the chunkwise form that computes it — the
+    causal triangle inside each C×C diagonal block (intra-chunk, ``(QKᵀ ⊙ M) V``), or, for a key in
+    an earlier chunk, the state (inter-chunk); future pairs white (labels of
+    :func:`chunk_block_labels` with c = C). Right: the chunks along T, each with its intra-chunk
+    triangle above it, and below them the states S_[0] (initial) … S_[N] (final), S_[n] being the
+    state at the end of chunk n: S_[n−1] feeds chunk n's queries and, with chunk n's keys and
+    values added, becomes S_[n]. Returns the two axes.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import FancyArrowPatch, Patch, Polygon, Rectangle
+
+    labels = chunk_block_labels(T, C, C)  # validates T and C: 0 future, 1 via the state, 3 intra
+    N = -(-T // C)
+    if N > 8:
+        raise ValueError(f"T/C must be at most 8 chunks for a legible picture, got T={T}, C={C} ({N} chunks)")
+    if axes is None:
+        fig = plt.figure(figsize=(10, 3.6), dpi=90)
+        axes = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 2.3]})
+    left, right = axes
+    intra, inter = "tab:blue", "0.75"
+    left.imshow(np.select([labels == 3, labels == 1], [2, 1], 0), interpolation="nearest",
+                cmap=ListedColormap(["white", inter, intra]), vmin=0, vmax=2)
+    for x in range(C, T, C):
+        left.axhline(x - 0.5, color="k", lw=0.8)
+        left.axvline(x - 0.5, color="k", lw=0.8)
+    left.set_xlabel("key j")
+    left.set_ylabel("query i")
+    left.set_title(f"T={T}, C={C}: who computes pair (i, j)", fontsize=9)
+    left.legend(handles=[Patch(facecolor=intra, label="intra-chunk $(QK^T \\odot M)V$"),
+                         Patch(facecolor=inter, label="inter-chunk, via the state")],
+                fontsize=7, loc="upper right")
+
+    for n in range(1, N + 1):
+        x0, x1 = (n - 1) * C, min(n * C, T)
+        right.add_patch(Rectangle((x0, 0), x1 - x0, 1, facecolor="white", edgecolor="k", label="chunk"))
+        right.text((x0 + x1) / 2, 0.5, f"$Q,K,V_{{[{n}]}}$", ha="center", va="center", fontsize=8)
+        right.add_patch(Polygon([(x0 + 0.1 * C, 2.6), (x0 + 0.1 * C, 1.3), (x0 + 0.9 * C, 1.3)],
+                                facecolor=intra, edgecolor="k", label="intra"))
+        right.add_patch(FancyArrowPatch((x0 + 0.1 * C, -1.0), (x0 + 0.45 * C, -0.05), arrowstyle="-|>",
+                                        mutation_scale=9, color="tab:red", label="read"))
+        right.add_patch(FancyArrowPatch((x0 + 0.1 * C, -1.3), (x1 - 0.1 * C, -1.3), arrowstyle="-|>",
+                                        mutation_scale=9, color="k", label="advance"))
+    for n in range(N + 1):
+        x = min(n * C, T)
+        right.add_patch(Rectangle((x - 0.08 * C, -1.6), 0.16 * C, 0.6, facecolor="tab:orange",
+                                  edgecolor="k", label="state"))
+        right.text(x, -1.85, f"$S_{{[{n}]}}$", ha="center", va="top", fontsize=8)
+    right.text(T / 2, 2.75, "intra-chunk triangles: all chunks in parallel", ha="center", fontsize=8)
+    right.text(T / 2, -2.45, "state: $S_{[n]} = S_{[n-1]} + K_{[n]}^T V_{[n]}$ (black, in order);  "
+               "queries read $S_{[n-1]}$ (red)", ha="center", fontsize=8)
+    right.set_xlim(-0.15 * C, T + 0.15 * C)
+    right.set_ylim(-2.7, 3.1)
+    right.set_yticks([])
+    for side in ("left", "right", "top"):
+        right.spines[side].set_visible(False)
+    right.set_xlabel("token position (chunks of C)")
+    right.set_xticks([min(n * C, T) for n in range(N + 1)])
+    return axes
+
+
 # --- chapter 2: decay and gates ---
 
 
@@ -139,6 +217,52 @@ def steps_vs_gate(log_alpha, steps, ax=None, ylabel="steps", title=None):
         keep = n >= 0
         ax.loglog(rate[keep], n[keep], marker="o", markersize=3, label=label)
     return _finish(ax, "decay rate −log α", ylabel, title, grid="both")
+
+
+def channel_decay(g):
+    """How much of a write made at the first token is left in each key channel's state row:
+    ``exp(Σ_{s=1}^{t} g_s)`` for t = 0 … T−1 (1 at t = 0; the first token's own gate acts before
+    its write). ``g``: ``[T, K]`` log-gates of one head → float64 NumPy ``[T, K]``."""
+    import numpy as np
+
+    from gla_ref.testing import to_numpy
+
+    g = to_numpy(g)
+    if g.ndim != 2:
+        raise ValueError(f"g must have shape [T, K] (one head's log-gates), got {g.shape}")
+    return np.exp(np.concatenate([np.zeros((1, g.shape[1])), np.cumsum(g[1:], axis=0)]))
+
+
+def plot_channel_decay(g, channels, axes=None):
+    """GLA's per-channel decay for one head. Left: the gates ``α = exp(g)`` as a heatmap over
+    token t (x) and key channel k (y). Right: :func:`channel_decay` of the listed ``channels``
+    against t (log scale), with the 1/e level dotted. ``g``: ``[T, K]`` log-gates. Returns the axes."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from gla_ref.testing import to_numpy
+
+    alpha = np.exp(to_numpy(g))
+    left_over = channel_decay(g)
+    channels = [int(k) for k in channels]
+    if not channels or any(not 0 <= k < alpha.shape[1] for k in channels):
+        raise ValueError(f"channels must be a non-empty list of key channels in [0, {alpha.shape[1]}), "
+                         f"got {channels}")
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(9, 3.2), dpi=90, gridspec_kw={"width_ratios": [1.2, 1]})
+    left, right = axes
+    im = left.imshow(alpha.T, aspect="auto", cmap="viridis", interpolation="nearest", vmax=1.0)
+    left.figure.colorbar(im, ax=left, fraction=0.046, pad=0.04, label="gate α")
+    left.set_xlabel("token t")
+    left.set_ylabel("key channel k")
+    left.set_title("gates of one head: one per token and key channel", fontsize=9)
+    for k in channels:
+        right.semilogy(np.arange(alpha.shape[0]), left_over[:, k], label=f"channel {k}")
+    right.axhline(np.exp(-1.0), color="k", ls=":", lw=0.8, label="1/e")
+    right.set_ylim(max(left_over[:, channels].min(), 1e-12) / 2, 1.5)
+    _finish(right, "token t", "left of the write at t = 0", "state rows decay at their own rates",
+            grid="both", legend_size=7)
+    return axes
 
 # --- chapter 3: parallel and chunkwise forms ---
 
