@@ -1,0 +1,141 @@
+"""Bytes that cross between devices when one sequence is split over P of them: GLA's chain of
+states against ring attention, as models, and as read from a compiled JAX program (chapter 9).
+
+Models (per device, one call; with ``backward`` its backward too):
+
+* :func:`state_chain_bytes` — GLA (:mod:`gla_ref.sequence_parallel`): a device in the middle of
+  the chain sends one ``[B, H, K, V]`` state forward and one state gradient back. T appears
+  nowhere.
+* :func:`ring_attention_bytes` — softmax attention by a ring: every device's key and value block of
+  T/P tokens visits the P−1 other devices in the forward pass; the backward sends the blocks round
+  again and their gradients with them. Grows like T.
+
+Measured: :func:`hlo_collectives` lists the collectives of a compiled JAX program's HLO text
+(``jitted.lower(...).compile().as_text()``) and :func:`bytes_sent_by_device` adds up what each
+device sends. Importing this module loads no framework.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["bytes_sent_by_device", "hlo_collectives", "ring_attention_bytes", "state_chain_bytes"]
+
+
+def _positive_ints(**values):
+    for name, x in values.items():
+        if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {x!r}")
+
+
+def state_chain_bytes(B, H, K, V, *, devices, state_bytes=4, backward=True) -> int:
+    """Bytes the busiest device sends in one call of the GLA chain over ``devices`` devices.
+
+    Forward, every device but the last sends one ``[B, H, K, V]`` state to the next; with
+    ``backward``, every device but the first sends one state gradient to the previous. A device in
+    the middle therefore sends two states, the two end devices one (0 for a single device).
+    ``state_bytes``: 4 (states travel in float32 whatever the input dtype; 8 for float64).
+    Independent of T; the torch module's small header exchange is not counted.
+    """
+    _positive_ints(B=B, H=H, K=K, V=V, devices=devices, state_bytes=state_bytes)
+    states = 0 if devices == 1 else (2 if backward and devices > 2 else 1)
+    return states * B * H * K * V * state_bytes
+
+
+def ring_attention_bytes(B, T, H, K, V, *, devices, dtype_bytes=2, backward=True) -> int:
+    """Bytes each device sends in one call of ring attention over ``devices`` devices (T split
+    evenly, H heads for keys and values alike).
+
+    Forward: the key and value block of T/P tokens, ``B·(T/P)·H·(K+V)`` entries, is passed on
+    P−1 times so that every query block meets every key block. Backward (``backward``): the blocks
+    go round again, and so do their gradients dK, dV, counted here in the blocks' dtype (float32
+    accumulators would move more): three blocks per hop in all. Grows linearly with T.
+    """
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, devices=devices, dtype_bytes=dtype_bytes)
+    if T % devices:
+        raise ValueError(f"T={T} must split evenly over devices={devices}")
+    block = B * (T // devices) * H * (K + V) * dtype_bytes
+    return (devices - 1) * block * (3 if backward else 1)
+
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
+                "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+_OP = re.compile(r"=\s*(\(.*?\)|\S+)\s+(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter|"
+                 r"collective-broadcast)(-start)?\(")
+_ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
+_GROUPS = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
+_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[(\d+)\](T)?")
+
+
+def _nbytes(dtype, dims):
+    if dtype not in _DTYPE_BYTES:
+        raise ValueError(f"unknown HLO element type {dtype!r}")
+    n = _DTYPE_BYTES[dtype]
+    for d in filter(None, dims.split(",")):
+        n *= int(d)
+    return n
+
+
+def _groups(line):
+    """The replica groups of a collective, or None for 'all devices' (``replica_groups={}``)."""
+    m = _GROUPS.search(line)
+    if m:
+        groups = [[int(i) for i in g.split(",") if i] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
+        return groups or None
+    m = _IOTA.search(line)
+    if m and not m.group(4):  # [n_groups, size]<=[n]: consecutive ids; a transposed iota is not read
+        count, size = int(m.group(1)), int(m.group(2))
+        return [list(range(i * size, (i + 1) * size)) for i in range(count)]
+    if "replica_groups=" in line:
+        raise ValueError(f"cannot read the replica groups of: {line.strip()[:200]}")
+    return None
+
+
+def hlo_collectives(hlo_text):
+    """The collectives of compiled HLO text, in the order the text lists them: a list of dicts with ``kind``
+    (``"collective-permute"``, ``"all-reduce"``, ...), ``shapes`` (``[(dtype, dims), ...]``, the
+    arrays the op moves), ``nbytes`` (their total size) and ``pairs`` (a permute's
+    ``(source, target)`` devices) or ``groups`` (the replica groups; None means all devices).
+
+    An asynchronous ``collective-permute-start`` returns a tuple (operand, result, contexts):
+    its first array only is counted. ``-done`` ops are not listed (their ``-start`` is).
+    """
+    found = []
+    for line in hlo_text.splitlines():
+        m = _OP.search(line)
+        if m is None:
+            continue
+        result, kind, start = m.groups()
+        arrays = _ARRAY.findall(result)
+        if kind == "collective-permute" and start:
+            arrays = arrays[:1]
+        op = {"kind": kind, "shapes": [(t, tuple(int(d) for d in dims.split(",") if d)) for t, dims in arrays],
+              "nbytes": sum(_nbytes(t, dims) for t, dims in arrays)}
+        if kind == "collective-permute":
+            pairs = _PAIRS.search(line)
+            op["pairs"] = [tuple(int(i) for i in p) for p in re.findall(r"\{(\d+),(\d+)\}", pairs.group(1))]
+        else:
+            op["groups"] = _groups(line)
+        found.append(op)
+    return found
+
+
+def bytes_sent_by_device(collectives, devices):
+    """Bytes each of ``devices`` devices sends for :func:`hlo_collectives`' list: a permute's
+    array once per pair it is the source of (exact); an all-reduce over a group of n devices
+    ``2·(n−1)/n`` of its array per member, as a ring all-reduce sends (a model: the library
+    picks the algorithm). Other kinds raise ValueError."""
+    _positive_ints(devices=devices)
+    sent = [0.0] * devices
+    for op in collectives:
+        if op["kind"] == "collective-permute":
+            for source, _ in op["pairs"]:
+                sent[source] += op["nbytes"]
+        elif op["kind"] == "all-reduce":
+            for group in op["groups"] or [list(range(devices))]:
+                for d in group:
+                    sent[d] += 2 * (len(group) - 1) / len(group) * op["nbytes"]
+        else:
+            raise ValueError(f"bytes_sent_by_device counts collective-permute and all-reduce, got {op['kind']}")
+    return sent
