@@ -53,6 +53,9 @@ SCRIPTS = {
     "triton_accuracy": "triton_accuracy.py",
     "triton_config_sweep": "triton_config_sweep.py",
     "notebooks": "run_notebooks.py",
+    "mqar": "mqar_sweep.py",
+    "sequence_parallel": "sequence_parallel_bench.py",
+    "fla_layer": "fla_layer_check.py",
 }
 """The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
 
