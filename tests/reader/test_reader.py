@@ -7,7 +7,8 @@ committed notebooks into empty folders and executes them there with nbclient:
 * first without Triton installed (as on macOS or Windows), chapters 4 and 6, which must skip their
   Triton cells with a note and still run to the end;
 * then with the ``torch`` and ``jax`` extras, every chapter, each of which must run, draw at least as
-  many figures as its committed copy, and never print that a stored result is missing.
+  many figures as its committed copy, and never print that a stored result is missing where the
+  committed copy found it.
 
 Run by ``make test`` after the unit tests (``make reader`` alone); a few minutes on two cores.
 """
@@ -109,4 +110,6 @@ def test_every_chapter_runs_outside_the_repository(reader, name):
     assert status == "ok", status
     committed = json.loads((ROOT / "notebooks" / name).read_text())
     assert _figures(nb) >= _figures(committed), (_figures(nb), _figures(committed))
-    assert "no stored" not in _text(nb).lower()
+    # a stored result the package failed to carry shows up as a "no stored ..." hint the committed copy
+    # (executed in the repository) does not print; results that exist nowhere yet print it in both
+    assert _text(nb).lower().count("no stored") <= _text(committed).lower().count("no stored")
