@@ -82,6 +82,27 @@ def test_kernel_backend_matches_reference(make, backend):
         assert_close(f"d{name}", g, grads[name], TOL)
 
 
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: _gla(backend="reference"), id="gla-reference"),
+    pytest.param(lambda: _gla(backend="chunk"), id="gla-chunk"),
+    pytest.param(lambda: _gla(gate="const", backend="fused_recurrent"), id="const-fused_recurrent"),
+    pytest.param(lambda: _simple(backend="chunk"), id="simple-chunk")])
+def test_packed_sequences_equal_each_sequence_alone(make):
+    """cu_seqlens: one packed row of three sequences (lengths 7, 1, 11) = each run alone, states included."""
+    layer, lengths = make(), [7, 1, 11]
+    _, H_, K, V = layer.dims
+    xs = [_x(T=n, seed=i, batch=1) for i, n in enumerate(lengths)]
+    h0 = torch.randn(len(lengths), H_, K, V, generator=torch.Generator().manual_seed(3))
+    cu = torch.tensor([0, 7, 8, 19], dtype=torch.int64)
+    with torch.no_grad():
+        y, S = layer(torch.cat(xs, 1), initial_state=h0, output_final_state=True, cu_seqlens=cu)
+        alone = [layer(x, initial_state=h0[i:i + 1], output_final_state=True) for i, x in enumerate(xs)]
+    assert_close("y", torch.cat([a[0] for a in alone], 1), y, TOL)
+    assert_close("states", torch.cat([a[1] for a in alone], 0), S, TOL)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        layer(torch.cat(xs, 1), cu_seqlens=torch.tensor([0, 7, 8, 18]))
+
+
 # ----------------------------------------------------------------------------- prefill and decode
 
 @pytest.mark.parametrize("make, batch", [

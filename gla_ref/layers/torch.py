@@ -84,15 +84,19 @@ class _TokenMixer(nn.Module):
     rank of the API contract), ``_mix(q, k, v, g, **kw) -> (o, state)`` and ``_out(x, o) -> y``.
     """
 
-    def forward(self, x, initial_state=None, output_final_state=False):
+    def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None):
         """x ``[B, T, d]`` → ``(y [B, T, d], final_state [B, H, K, V] float32 or None)``.
 
         ``initial_state`` ``[B, H, K, V]`` float32 (e.g. from an earlier call) or None for zeros.
+        ``cu_seqlens``: int64 ``[N + 1]`` offsets of N sequences packed into one row (B = 1, FLA's
+        convention), each mixed from its own first token; the states are then ``[N, H, K, V]``. The
+        projections and norms act per token, so only the mixer sees the offsets.
         """
         d = self.dims[0]
         _check_tensor("x", x, "[B, T, d]", 3, d, self._dtype())
         q, k, v, g = self._heads(x)
-        o, state = self._mix(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state)
+        o, state = self._mix(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state,
+                             cu_seqlens=cu_seqlens)
         return self._out(x, o), state
 
     def step(self, x_t, state=None):
