@@ -4,6 +4,14 @@ Without a CUDA device, every kernel runs in Triton's CPU interpreter: the switch
 before any kernel is defined, so users set nothing themselves. The interpreter takes float32 and
 float16 inputs; bfloat16 is refused there with a TypeError (its bf16 matmul returns garbage).
 
+What the switch touches, since Triton reads it from the environment: on a machine without CUDA,
+importing this package sets ``TRITON_INTERPRET=1`` in ``os.environ``, so it holds for the whole
+process — every other Triton kernel defined afterwards, other libraries' included, is interpreted
+too — and for every child process started from it. Triton picks interpreted or compiled library
+functions when it is first imported, so on such a machine this package must be imported before
+anything imports ``triton`` (torch's FLOP counter, say); otherwise the import raises an ImportError
+that says so. With a GPU nothing is set.
+
 ``chunk_gla``, ``chunk_simple_gla``, ``fused_chunk_gla`` and ``fused_recurrent_gla`` take packed
 batches: ``cu_seqlens``, FLA's int64 ``[N + 1]`` offsets into a batch with B = 1, with initial and
 final states ``[N, H, K, V]``.
