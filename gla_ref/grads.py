@@ -44,10 +44,6 @@ def _check_cotangents(dims, do, dht):
         _check_tensor("dht", dht, (dims.B, dims.H, dims.K, dims.V), "[B, H, K, V]")
 
 
-def _scale(scale, K):
-    return check_scale(scale, K)
-
-
 def _heads_first(x, dtype):
     """``[B, T, H, D]`` → ``[B, H, T, D]`` in the math dtype."""
     return x.transpose(1, 2).to(dtype)
@@ -99,7 +95,7 @@ def linear_attention_bwd(q, k, v, do, *, scale=None, initial_state=None, dht=Non
     _check_cotangents(dims, do, dht)
     if not isinstance(materialize, bool):
         raise TypeError(f"materialize must be a bool, got {materialize!r}")
-    scale, dt = _scale(scale, dims.K), _math_dtype(q)
+    scale, dt = check_scale(scale, dims.K), _math_dtype(q)
     Q, K, V, dO = (_chunked(_heads_first(x, dt), chunk_size) for x in (q, k, v, do))
     S0 = q.new_zeros(dims.B, dims.H, dims.K, dims.V, dtype=dt) if initial_state is None else initial_state.to(dt)
     dST = torch.zeros_like(S0) if dht is None else dht.to(dt)
@@ -167,7 +163,7 @@ def gla_state_grads(q, g, do, *, scale=None, dht=None):
         _check_tensor("do", do, (*q.shape[:3], do.shape[-1]), "[B, T, H, V]")
     dims = check_inputs(q, q, do, g, None, gate_ranks=(4,))
     _check_cotangents(dims, do, dht)
-    scale, dt = _scale(scale, dims.K), _math_dtype(q)
+    scale, dt = check_scale(scale, dims.K), _math_dtype(q)
     out = q.new_empty(dims.B, dims.T, dims.H, dims.K, dims.V, dtype=dt)  # written in place: one copy
     dS = q.new_zeros(dims.B, dims.H, dims.K, dims.V, dtype=dt) if dht is None else dht.to(dt)
     for t in reversed(range(dims.T)):
@@ -186,7 +182,7 @@ def gla_bwd_recurrent(q, k, v, g, do, *, scale=None, initial_state=None, dht=Non
     Returns a dict with dq, dk, dv, dg (q's dtype) and dh0 (None without initial_state).
     """
     dims = _check_gla(q, k, v, g, initial_state, do, dht)
-    scale, dt = _scale(scale, dims.K), _math_dtype(q)
+    scale, dt = check_scale(scale, dims.K), _math_dtype(q)
     S = gla_states(k, v, g, initial_state)             # [B, T+1, H, K, V]
     dS = gla_state_grads(q, g, do, scale=scale, dht=dht)  # [B, T, H, K, V]
     grads = {
@@ -257,7 +253,7 @@ def gla_bwd_chunk(q, k, v, g, do, *, scale=None, initial_state=None, dht=None, c
     """
     dims = _check_gla(q, k, v, g, initial_state, do, dht)
     check_chunk_sizes(chunk_size)
-    scale, dt, T = _scale(scale, dims.K), _math_dtype(q), dims.T
+    scale, dt, T = check_scale(scale, dims.K), _math_dtype(q), dims.T
     Q, K, V, dO, G = (_chunked(_heads_first(x, dt), chunk_size) for x in (q, k, v, do, g))
     G = G.cumsum(3)                      # log Λ inside each chunk
     gam = G[:, :, :, -1]                 # log γ_n  [B, H, N, K]
@@ -310,7 +306,7 @@ def intra_chunk_dqk_two_level(q, k, v, g, do, *, scale=None, chunk_size=16, sub_
     """
     dims = _check_gla(q, k, v, g, None, do, None)
     check_chunk_sizes(chunk_size, sub_chunk_size)
-    scale, dt, c = _scale(scale, dims.K), _math_dtype(q), sub_chunk_size
+    scale, dt, c = check_scale(scale, dims.K), _math_dtype(q), sub_chunk_size
     Q, K, V, dO, G = (_chunked(_heads_first(x, dt), chunk_size) for x in (q, k, v, do, g))
     G = G.cumsum(3)
     m = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()

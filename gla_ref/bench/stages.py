@@ -25,7 +25,8 @@ def triton_chunk_stages(q, k, v, g, chunk_size=64) -> dict:
     """The forward kernels of ``gla_ref.triton.chunk_gla`` as calls without arguments, each on inputs
     computed once here, to time them apart: ``cumsum``, ``state``, ``intra``, ``output`` (the keys of
     :func:`chunk_gla_stage_costs`). ``output()`` is chunk_gla's o. Chunk sizes as chunk_gla accepts."""
-    from gla_ref.triton._common import check_chunk_size, prepare, resolve_scale
+    from gla_ref._validate import check_scale
+    from gla_ref.triton._common import check_chunk_size, prepare
     from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
     from gla_ref.triton.chunk_intra import chunk_intra_attention
     from gla_ref.triton.chunk_output import chunk_output
@@ -33,7 +34,7 @@ def triton_chunk_stages(q, k, v, g, chunk_size=64) -> dict:
 
     dims = prepare(q, k, v, g, None, gate_ranks=(4,))
     check_chunk_size(chunk_size)
-    C, scale = chunk_size, resolve_scale(None, dims.K)
+    C, scale = chunk_size, check_scale(None, dims.K)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     gc = chunk_local_cumsum(g, C)
     h, _ = chunk_state_fwd(k, v, gc, None, False, C)

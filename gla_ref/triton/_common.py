@@ -9,7 +9,7 @@ import torch
 import triton
 
 from gla_ref import device
-from gla_ref._validate import Dims, check_chunk_sizes, check_inputs, check_scale
+from gla_ref._validate import Dims, check_chunk_sizes, check_inputs
 from gla_ref.triton import _ptxas
 
 MAX_DIM = 256
@@ -169,11 +169,6 @@ def autotune_configs(configs: list) -> list:
 def block(n: int, least: int = 16) -> int:
     """Power-of-two block covering ``n`` (masks handle the rest), at least ``least``."""
     return max(least, triton.next_power_of_2(n))
-
-
-def resolve_scale(scale, K: int) -> float:
-    """The query scale as a Python float: ``K ** -0.5`` for None (rules: :func:`gla_ref._validate.check_scale`)."""
-    return check_scale(scale, K)
 
 
 def check_chunk_size(chunk_size, sizes=(16, 32, 64)) -> int:

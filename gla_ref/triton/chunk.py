@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from gla_ref._validate import check_flag
-from gla_ref.triton._common import check_chunk_size, prepare_packed, resolve_scale
+from gla_ref._validate import check_flag, check_scale
+from gla_ref.triton._common import check_chunk_size, prepare_packed
 from gla_ref.triton.chunk_backward import chunk_bwd_dqkg, chunk_bwd_dv
 from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
 from gla_ref.triton.chunk_intra import chunk_intra_attention
@@ -80,5 +80,5 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
     dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(4,), cu_seqlens=cu_seqlens,
                                   chunk_size=chunk_size)
     output_final_state = check_flag("output_final_state", output_final_state)
-    return ChunkGLAFunction.apply(q, k, v, g, resolve_scale(scale, dims.K), initial_state,
+    return ChunkGLAFunction.apply(q, k, v, g, check_scale(scale, dims.K), initial_state,
                                   output_final_state, chunk_size, varlen)

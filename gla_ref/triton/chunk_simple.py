@@ -32,7 +32,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from gla_ref import device
-from gla_ref._validate import check_flag
+from gla_ref._validate import check_flag, check_scale
 from gla_ref.triton._common import (
     autotune,
     autotune_configs,
@@ -43,7 +43,6 @@ from gla_ref.triton._common import (
     num_chunks,
     prepare_packed,
     refuse_interpreted_bf16,
-    resolve_scale,
     varlen_args,
 )
 from gla_ref.triton._tiles import (
@@ -272,7 +271,7 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
     if g_gamma is not None:
         _check_g_gamma(g_gamma, q, dims.H)
     output_final_state = check_flag("output_final_state", output_final_state)
-    return ChunkSimpleGLAFunction.apply(q, k, v, g, g_gamma, resolve_scale(scale, dims.K),
+    return ChunkSimpleGLAFunction.apply(q, k, v, g, g_gamma, check_scale(scale, dims.K),
                                         initial_state, output_final_state, chunk_size, varlen)
 
 

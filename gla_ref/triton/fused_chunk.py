@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from gla_ref._validate import check_flag
+from gla_ref._validate import check_flag, check_scale
 from gla_ref.triton._common import (
     check_chunk_size,
     prepare_packed,
-    resolve_scale,
     stateful_function,
 )
 from gla_ref.triton.fused_chunk_bwd import fused_chunk_backward
@@ -73,7 +72,7 @@ def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_f
         (``[N, H, K, V]`` packed) or None.
     """
     dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(None, 4), cu_seqlens=cu_seqlens)
-    scale = resolve_scale(scale, dims.K)
+    scale = check_scale(scale, dims.K)
     chunk_size = check_chunk_size(chunk_size, CHUNK_SIZES)
     output_final_state = check_flag("output_final_state", output_final_state)
     return FusedChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, chunk_size, varlen)

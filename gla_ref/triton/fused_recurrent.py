@@ -31,14 +31,13 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref._validate import check_flag
+from gla_ref._validate import check_flag, check_scale
 from gla_ref.triton._common import (
     autotune,
     autotune_configs,
     block,
     num_sequences,
     prepare_packed,
-    resolve_scale,
     stateful_function,
 )
 from gla_ref.triton._tiles import sequence_tokens, token_bases
@@ -240,7 +239,7 @@ def fused_recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, outp
         (``[N, H, K, V]`` packed) or None.
     """
     dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(None, 4), cu_seqlens=cu_seqlens)
-    scale = resolve_scale(scale, dims.K)
+    scale = check_scale(scale, dims.K)
     return FusedRecurrentGLA.apply(q, k, v, g, initial_state, scale,
                                    check_flag("output_final_state", output_final_state),
                                    check_flag("reverse", reverse), varlen)

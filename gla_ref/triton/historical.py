@@ -40,14 +40,13 @@ import torch
 import torch.nn.functional as F
 
 from gla_ref import device
-from gla_ref._validate import check_flag
+from gla_ref._validate import check_flag, check_scale
 from gla_ref.triton._common import (
     MAX_DIM,
     block,
     check_values,
     prepare,
     refuse_interpreted_bf16,
-    resolve_scale,
 )
 from gla_ref.triton.historical_decay_cumsum import launch_decay_cumsum
 from gla_ref.triton.historical_fused_chunk import launch_fused_chunk
@@ -124,7 +123,7 @@ def _check_qkb(q, k, b, scale):
     shape = _lead("q", q)
     _like("k", k, shape, (q.dtype,), q)
     _like("b", b, shape, (torch.float32,), q)
-    scale = resolve_scale(scale, shape[-1])
+    scale = check_scale(scale, shape[-1])
     _forward_only(q=q, k=k, b=b)
     _check_b(b)
     return shape, scale
@@ -270,7 +269,7 @@ def fused_chunk_gla_historical(q, k, v, g, *, scale=None, initial_state=None, ou
         ValueError: with gradient mode on, for an input that requires grad (there is no backward).
     """
     dims = prepare(q, k, v, g, initial_state, gate_ranks=(4,))
-    scale = resolve_scale(scale, dims.K)
+    scale = check_scale(scale, dims.K)
     output_final_state = check_flag("output_final_state", output_final_state)
     _forward_only(q=q, k=k, v=v, g=g, initial_state=initial_state)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
