@@ -1,7 +1,7 @@
 """Inter-chunk against intra-chunk time as the chunk size grows: the sweep of the GLA paper's first
 version (its Fig. 2, right), forward only, bf16 inputs with GLA gates, on a CUDA GPU.
 
-``python benchmarks/bench_chunk_size.py [--T 4096] [--B 8] [--H 16] [--D 128] [--C 16 32 ...] [--out PATH] [--smoke]``
+``python benchmarks/bench_chunk_size.py [--T 4096] [--B 8] [--H 16] [--K 128] [--V 128] [--C 16 32 ...] [--out PATH] [--smoke]``
 
 For C = 16, 32, 64, 128, 256 it times, each part on its own (``gla_ref.bench``):
 
@@ -151,7 +151,9 @@ def main(argv=None):
     parser.add_argument("--T", type=int, default=4096)
     parser.add_argument("--B", type=int, default=8)
     parser.add_argument("--H", type=int, default=16)
-    parser.add_argument("--D", type=int, default=128, help="K = V")
+    parser.add_argument("--K", type=int, default=128, help="query/key width per head")
+    parser.add_argument("--V", type=int, default=128, help="value width per head (the paper's v1 sweep: "
+                        "B=32, H=4, K=128, V=256)")
     parser.add_argument("--C", type=int, nargs="+", default=list(CHUNK_SIZES), help="chunk sizes")
     parser.add_argument("--out", type=pathlib.Path, help="JSON path (default: results/chunk_size_sweep_<device>.json)")
     parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes on any device, to a temp path")
@@ -164,7 +166,7 @@ def main(argv=None):
     if not (on_gpu or args.smoke):
         parser.error("this benchmark needs a CUDA GPU (--smoke exercises it on a CPU)")
     t0 = time.perf_counter()
-    shape = SMOKE_SHAPE if args.smoke else dict(B=args.B, T=args.T, H=args.H, K=args.D, V=args.D)
+    shape = SMOKE_SHAPE if args.smoke else dict(B=args.B, T=args.T, H=args.H, K=args.K, V=args.V)
     dtype = torch.float32 if args.smoke else torch.bfloat16  # no bf16 tl.dot in the interpreter
     env = bench.environment()
     peaks = measure_peaks(args.smoke) if on_gpu else None

@@ -56,6 +56,7 @@ SCRIPTS = {
     "mqar": "mqar_sweep.py",
     "sequence_parallel": "sequence_parallel_bench.py",
     "fla_layer": "fla_layer_check.py",
+    "paper_setups": "bench_paper_setups.py",
 }
 """The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
 

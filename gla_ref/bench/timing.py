@@ -19,7 +19,7 @@ def show_tuning() -> None:
 
 
 def environment() -> dict:
-    """Device, library versions and date: the stamp every stored result carries."""
+    """Device, library versions (FLA's too, None when absent), ptxas and date: the stamp every stored result carries."""
     import datetime
     import platform
 
@@ -29,6 +29,7 @@ def environment() -> dict:
             info[name] = __import__(name).__version__
         except ImportError:
             info[name] = None
+    info["fla"] = _fla_version()
     try:
         import torch
 
@@ -39,6 +40,19 @@ def environment() -> dict:
     except ImportError:
         info["device"] = "cpu"
     return info
+
+
+def _fla_version():
+    """The installed flash-linear-attention kernels' version (the ``fla-core`` or
+    ``flash-linear-attention`` distribution), or None: every result that compares with FLA names it."""
+    from importlib import metadata
+
+    for dist in ("fla-core", "flash-linear-attention"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _ptxas_in_effect(capability):
