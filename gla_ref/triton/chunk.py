@@ -1,18 +1,40 @@
 """Chunkwise GLA with materialised states and secondary-level chunking (paper Alg. 3/4, §4.3).
 
+Notation (book/notation.md): ``gc`` is the chunk-local cumulative log-gate log Λ (``b``, restarted
+at every chunk), so exp(gc) = Λ (queries, from the chunk start), exp(gc_last − gc) = Γ (keys, to the
+chunk end) and exp(gc_last) = γ (the whole chunk). Chunk indices here are 0-based: the chunk at
+index i is chunk [i+1] of the math, ``h[:, :, i]`` holds S_[i], the state *entering* it, and
+``dh[:, :, i]`` holds dS_[i+1], the gradient of the state *leaving* it.
+
 Forward, one kernel per step:
 
-1. Γ = chunk-local cumsum of the log-gates, float32            (:mod:`chunk_cumsum`)
-2. S_n, the state entering each chunk, and the final state      (:mod:`chunk_state`)
+1. gc = log Λ, the chunk-local cumsum of the log-gates, float32   (:mod:`chunk_cumsum`)
+2. h: S_[i], the state entering each chunk, and the final state    (:mod:`chunk_state`)
 3. A, the intra-chunk matrix: sub-chunk pairs by tensor-core matmuls,
-   diagonal sub-chunk tiles in float32 by running gate products (:mod:`chunk_intra`)
-4. O = scale·(Q ⊙ exp Γ) S_n + (A ⊙ M) V                        (:mod:`chunk_output`)
+   diagonal sub-chunk tiles in float32 by running gate products    (:mod:`chunk_intra`)
+4. O_[i+1] = scale·(Q ⊙ Λ) S_[i] + (A ⊙ M) V                        (:mod:`chunk_output`)
 
-Backward (the seven steps of the FLA reading notes): Γ is kept from the forward, S_n is
-recomputed (step 2 again), dS runs the reverse recurrence from the final-state cotangent to dh0
-(:func:`chunk_state_bwd`), then dv and dA (:mod:`chunk_backward`), the intra-chunk dq/dk
-(:mod:`chunk_backward_intra`), and the inter-chunk dq/dk merged with the gate gradient dg.
-Everything but the two state recurrences is parallel over chunks.
+Backward, seven numbered steps (those of the FLA reading notes; chapters 4 and 6 use these numbers):
+
+1. gc = log Λ: not recomputed, the forward saves it (with A) for the backward.
+   Computed once by :func:`chunk_cumsum.chunk_local_cumsum`.
+2. h = S_[0..N−1], the states entering the chunks, recomputed (forward step 2 again).
+   :func:`chunk_state.chunk_state_fwd` (kernel ``chunk_state_fwd_kernel``).
+3. dh = dS_[1..N], the reverse recurrence dS_[i] = γ_{i+1} ⊙ dS_[i+1] + scale·(Q ⊙ Λ)ᵀ dO over
+   chunk [i+1], from the final-state cotangent dS_[N] down to dh0 = dS_[0].
+   :func:`chunk_state.chunk_state_bwd` (kernel ``chunk_state_bwd_kernel``).
+4. dV = (A ⊙ M)ᵀ dO + (K ⊙ Γ) dS, per chunk.
+   :func:`chunk_backward.chunk_bwd_dv` (kernel ``chunk_bwd_dv_kernel``).
+5. dA = scale·(dO Vᵀ) ⊙ M, the cotangent of the intra-chunk scores, float32.
+   :func:`chunk_backward.chunk_bwd_dA` (kernel ``chunk_bwd_dA_kernel``).
+6. The intra-chunk dq, dk from dA by sub-chunks (pairs split at a reference row, diagonal tiles in
+   float32). :func:`chunk_backward_intra.chunk_bwd_dqk_intra` (kernel ``chunk_bwd_intra_kernel``).
+7. The inter-chunk dq = scale·Λ ⊙ (dO S_[i]ᵀ) and dk = Γ ⊙ (V dS_[i+1]ᵀ) added to step 6, then the
+   gate gradient dg (reverse cumsum of q ⊙ dq − k ⊙ dk inside the chunk plus the chunk decay's
+   term). :func:`chunk_backward.chunk_bwd_dqkg_inter` (kernel ``chunk_bwd_dqkg_kernel``).
+
+:func:`chunk_backward.chunk_bwd_dqkg` runs steps 5, 6 and 7 in that order. Everything but the two
+state recurrences (forward step 2, backward steps 2 and 3) is parallel over chunks.
 
 Packed batches (``cu_seqlens``, FLA's convention): the N sequences of a ``B = 1`` batch are cut
 into chunks from their own first tokens, listed in one host-built table (:func:`prepare_packed`,
