@@ -1,15 +1,16 @@
 """Step 1 of chunk GLA: chunk-local cumulative log-gates in float32.
 
-For chunk n of C tokens, ``Γ[r] = Σ_{i ≤ r} g_i`` with the sum restarted at the chunk start
-(``log b`` of the paper taken relative to the chunk). Γ is ≤ 0 and decreasing inside a chunk, so
-``Γ[r] − Γ[s]`` is ≤ 0 whenever r ≥ s: every later step exponentiates only such differences.
-The last row ``γ = Γ[C−1]`` is the decay of the whole chunk.
+For a chunk of C tokens (0-based rows i = 0..C−1), ``gc[i] = Σ_{t ≤ i} g_t`` with the sum
+restarted at the chunk start: log Λ of book/notation.md (``log b`` of the paper taken relative to
+the chunk; not Γ, which is the keys' decay to the chunk end). gc is ≤ 0 and decreasing inside a
+chunk, so ``gc[i] − gc[j]`` is ≤ 0 whenever i ≥ j: every later step exponentiates only such
+differences. The last row ``gc[C−1] = log γ`` is the log-decay of the whole chunk.
 
 Grid ``(⌈D/BD⌉, ⌈T/C⌉, B·H)``: a program owns one chunk's ``C × BD`` gate tile, reads g once and
-writes Γ once (float32). The same kernel serves the GLA gate ``[B, T, H, K]`` and the scalar gate
+writes gc once (float32). The same kernel serves the GLA gate ``[B, T, H, K]`` and the scalar gate
 ``[B, T, H]`` (D = 1). Packed batch (``varlen``): grid ``(⌈D/BD⌉, NT, H)`` over the NT chunks of all
 sequences, each program reading its row of the chunk table (8 bytes) and cu_seqlens (16 bytes);
-a chunk never crosses a sequence end, so Γ restarts at every sequence's first token.
+a chunk never crosses a sequence end, so gc restarts at every sequence's first token.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def chunk_cumsum_kernel(g, gc, cu_seqlens, chunk_indices, T, H: tl.constexpr, D:
 
 
 def chunk_local_cumsum(g: torch.Tensor, chunk_size: int, varlen=None) -> torch.Tensor:
-    """Γ: the cumulative sum of the log-gate ``g`` restarted at every chunk, in float32.
+    """gc = log Λ: the cumulative sum of the log-gate ``g`` restarted at every chunk, in float32.
 
     ``g`` is ``[B, T, H, K]`` (GLA) or ``[B, T, H]`` (scalar gate), contiguous; the result has its shape.
     ``varlen`` (:class:`gla_ref.triton._common.Varlen`): chunks of each packed sequence, or None.
