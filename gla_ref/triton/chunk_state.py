@@ -1,22 +1,26 @@
 """Step 2 of the chunk GLA forward, the chunk-state recurrence, and step 3 of its backward, the
 reverse twin for dh.
 
-Forward (paper Alg. 3, first loop). With Γ the chunk-local cumulative gate and γ = Γ[C−1]:
+Forward (paper Alg. 3, first loop). With gc = log Λ the chunk-local cumulative log-gate of a chunk
+and gc_last = log γ its last row, so that Λ = exp gc, Γ = exp(gc_last − gc), γ = exp gc_last
+(book/notation.md), and chunk indices 0-based (the chunk at index i is chunk [i+1] of the math):
 
-    S_0 = h0,      S_{n+1} = diag(exp γ_n) S_n + (K_n ⊙ exp(γ_n − Γ_n))ᵀ V_n
+    S_[0] = h0,      S_[i+1] = diag(γ_{i+1}) S_[i] + (K_[i+1] ⊙ Γ_[i+1])ᵀ V_[i+1]
 
-``h[:, :, n]`` holds S_n, the state *entering* chunk n, in float32; the final state is S_N.
+``h[:, :, i]`` holds S_[i], the state *entering* the chunk at index i, in float32; the final state is
+S_[N].
 
-Backward (Alg. 4, first loop). With dS_N the cotangent of the final state (zero if none):
+Backward (Alg. 4, first loop, with Q ⊙ Λ where the paper prints Q ⊙ Γ: chapter 6 checks which is
+right). With dS_[N] the cotangent of the final state (zero if none):
 
-    dS_n = diag(exp γ_n) dS_{n+1} + scale · (Q_n ⊙ exp Γ_n)ᵀ dO_n
+    dS_[i] = diag(γ_{i+1}) dS_[i+1] + scale · (Q_[i+1] ⊙ Λ_[i+1])ᵀ dO_[i+1]
 
-``dh[:, :, n]`` holds dS_{n+1}, the gradient of the state *leaving* chunk n (what chunk n's dk and
-dv need); the recurrence ends at dS_0 = dh0.
+``dh[:, :, i]`` holds dS_[i+1], the gradient of the state *leaving* the chunk at index i (what its dk
+and dv need); the recurrence ends at dS_[0] = dh0.
 
-Both exponents are ≤ 0: γ − Γ (keys against the chunk end) and Γ (queries against the chunk start).
-Grid ``(⌈K/BK⌉, ⌈V/BV⌉, B·H)``: a program owns one ``BK × BV`` block of one head's state and walks
-the chunks in order (the only sequential loop of chunk GLA). HBM: k, v (or q, dO) and Γ read once;
+Both exponents are ≤ 0: gc_last − gc (keys against the chunk end) and gc (queries against the chunk
+start). Grid ``(⌈K/BK⌉, ⌈V/BV⌉, B·H)``: a program owns one ``BK × BV`` block of one head's state and walks
+the chunks in order (the only sequential loop of chunk GLA). HBM: k, v (or q, dO) and gc read once;
 one float32 ``BK × BV`` block written per chunk. ``GATE_K`` picks the gate layout: per key
 ``[B, T, H, K]`` (GLA) or one scalar per token ``[B, T, H]`` (simple GLA).
 
@@ -53,7 +57,7 @@ def _fwd_configs():
 @triton.jit
 def _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, HK: tl.constexpr, H: tl.constexpr,
                  GATE_K: tl.constexpr):
-    """Γ rows of one chunk and its total decay γ (rows past T repeat the last real row)."""
+    """gc rows of one chunk and its last row log γ (rows past T repeat the last real row)."""
     if GATE_K:
         b_g = tl.load(gc + base_g + t_c[:, None] * HK + o_k[None, :], mask=m_k[None, :], other=0.0)
         g_last = tl.load(gc + base_g + t_last * HK + o_k, mask=m_k, other=0.0)
@@ -75,7 +79,7 @@ def _state_block(i_k, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, B
 
 @triton.jit
 def _token_bases(bos, i_h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GATE_K: tl.constexpr):
-    """Offsets of (token row bos, head i_h) in ``[B, T, H, K]``, ``[B, T, H, V]`` and Γ (per key or scalar)."""
+    """Offsets of (token row bos, head i_h) in ``[B, T, H, K]``, ``[B, T, H, V]`` and gc (per key or scalar)."""
     base_k, base_v = token_bases(bos, i_h, H, K, V)
     base_g = base_k
     if not GATE_K:
