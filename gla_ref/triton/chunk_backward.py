@@ -1,36 +1,44 @@
-"""Steps 4–7 of the chunk GLA backward (after the states S_n and their gradients dS_{n+1}).
+"""Steps 4–7 of the chunk GLA backward (numbered as in :mod:`chunk`; after the states S_[i] of step 2
+and their gradients dS_[i+1] of step 3).
 
-**dv** (one kernel). In chunk n, with A from the forward (scale included) and M the causal mask,
+Chunk indices are 0-based: the chunk at index i is chunk [i+1] of the math, S_[i] = ``h[:, :, i]`` enters
+it and dS_[i+1] = ``dh[:, :, i]`` is the gradient of the state leaving it; gc = log Λ the chunk-local
+cumulative log-gate (book/notation.md: Λ = exp gc, Γ = exp(gc_last − gc), γ = exp gc_last).
 
-    dV_n = (A_n ⊙ M)ᵀ dO_n + (K_n ⊙ exp(γ_n − Γ_n)) dS_{n+1}.
+**Step 4, dv** (one kernel). In the chunk at index i, with A from the forward (scale included) and M
+the causal mask,
 
-Grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``; HBM: A, dO, k, Γ and a ``K × BV`` slice of dS_{n+1} read, dv written.
+    dV_[i+1] = (A ⊙ M)ᵀ dO_[i+1] + (K_[i+1] ⊙ exp(gc_last − gc)) dS_[i+1].
 
-**dA** (one kernel). dA = scale · (dO Vᵀ) ⊙ M, the cotangent of A / scale (A includes the scale), stored in float32
-``[B, T, H, C]`` like A (zeros above the diagonal). Grid ``(⌈T/C⌉, B·H)``; HBM: dO and v read once.
+Grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``; HBM: A, dO, k, gc and a ``K × BV`` slice of dS_[i+1] read, dv written.
 
-**Intra-chunk dq, dk** (:mod:`chunk_backward_intra`): from dA, q, k and Γ by sub-chunks, written in
+**Step 5, dA** (one kernel). dA = scale · (dO Vᵀ) ⊙ M, the cotangent of A / scale (A includes the scale),
+stored in float32 ``[B, T, H, C]`` like A (zeros above the diagonal). Grid ``(⌈T/C⌉, B·H)``; HBM: dO and v
+read once.
+
+**Step 6, intra-chunk dq, dk** (:mod:`chunk_backward_intra`): from dA, q, k and gc by sub-chunks, written in
 float32.
 
-**dq, dk, dg** (one kernel: the inter-chunk parts added to the intra-chunk ones, then the gate gradient).
-A V loop forms, with S_n the state entering chunk n and dS_{n+1} the gradient of the one leaving it,
+**Step 7, dq, dk, dg** (one kernel: the inter-chunk parts added to the intra-chunk ones, then the
+gate gradient). A V loop forms, with S_[i] the state entering the chunk and dS_[i+1] the gradient of
+the one leaving it,
 
-    dQ_inter = scale · exp Γ ⊙ (dO S_nᵀ),      dK_inter = exp(γ − Γ) ⊙ (V dS_{n+1}ᵀ),
+    dQ_inter = scale · exp gc ⊙ (dO S_[i]ᵀ),      dK_inter = exp(gc_last − gc) ⊙ (V dS_[i+1]ᵀ),
 
 which are added to the intra-chunk parts. The gate gradient is the closed form of paper §4.3
-restricted to one chunk: with dΓ = q ⊙ dq − k ⊙ dk,
+restricted to one chunk: with dgc = q ⊙ dq − k ⊙ dk (the gradient of gc, row by row),
 
-    dg_r = Σ_{r' ≥ r in chunk} dΓ_{r'}  +  dγ_n,
-    dγ_n = exp γ_n ⊙ Σ_v (S_n ⊙ dS_{n+1})  +  Σ_r k_r ⊙ dk_inter,r,
+    dg_j = Σ_{j' ≥ j in chunk} dgc_{j'}  +  dlogγ,
+    dlogγ = γ ⊙ Σ_v (S_[i] ⊙ dS_[i+1])  +  Σ_j k_j ⊙ dk_inter,j,
 
-dγ_n being the gradient of the chunk's total decay γ_n (which every token's g enters), so no
-sequence-wide reverse cumsum is needed. Grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: a program owns a chunk's
-``C × BK`` tiles of dq, dk, dg. HBM: dO, v, a ``BK × V`` slice of S_n and dS_{n+1}, then q, k, Γ and
+dlogγ being the gradient of the chunk's total log-decay log γ = gc_last (which every token's g
+enters), so no sequence-wide reverse cumsum is needed. Grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: a program owns a chunk's
+``C × BK`` tiles of dq, dk, dg. HBM: dO, v, a ``BK × V`` slice of S_[i] and dS_[i+1], then q, k, gc and
 the float32 intra-chunk dq, dk read; dq, dk, dg written once.
 
 Packed batch (``varlen``): every grid's chunk axis runs over the NT chunks of all sequences and its
 batch·head axis over H; a program reads its row of the chunk table and its sequence's two offsets,
-and dγ_n needs no change (a chunk never crosses a sequence end, and dS_{n+1} of a sequence's last
+and dlogγ needs no change (a chunk never crosses a sequence end, and dS_[i+1] of a sequence's last
 chunk is that sequence's final-state cotangent).
 """
 
@@ -148,7 +156,7 @@ def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg
     store_rows(dq + base_k, b_dq, t, m_t, o_k, m_k, H * K)
     store_rows(dk + base_k, b_dk, t, m_t, o_k, m_k, H * K)
 
-    # gate gradient: reverse cumulative sum of dΓ inside the chunk, plus the chunk-decay term
+    # gate gradient: reverse cumulative sum of dgc inside the chunk, plus the chunk-decay term
     b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
     b_dg = reverse_cumsum(b_q * b_dq - b_k * b_dk) + b_dgamma[None, :]
     store_rows(dg + base_k, b_dg, t, m_t, o_k, m_k, H * K)

@@ -1,24 +1,27 @@
 """The intra-chunk part of the chunk GLA dq and dk, by secondary-level chunking (paper §4.3, Fig. 3).
 
-Inside chunk n, with dA = scale · (dO Vᵀ) ⊙ M from :func:`chunk_backward.chunk_bwd_dA` and Γ the
-chunk-local cumulative gate, the intra-chunk gradients are
+Step 6 of the chunk GLA backward (numbered as in :mod:`chunk`). Inside one chunk, with dA = scale · (dO
+Vᵀ) ⊙ M from :func:`chunk_backward.chunk_bwd_dA` (step 5) and gc = log Λ the chunk-local cumulative
+log-gate (book/notation.md: Λ = exp gc, Γ = exp(gc_last − gc), γ = exp gc_last), the intra-chunk gradients
+are (query row i, key row j)
 
-    dq_r = Σ_{s ≤ r} dA[r, s] · k_s ⊙ exp(Γ_r − Γ_s),
-    dk_s = Σ_{r ≥ s} dA[r, s] · q_r ⊙ exp(Γ_r − Γ_s).
+    dq_i = Σ_{j ≤ i} dA[i, j] · k_j ⊙ exp(gc_i − gc_j),
+    dk_j = Σ_{i ≥ j} dA[i, j] · q_i ⊙ exp(gc_i − gc_j).
 
-The chunk is cut into sub-chunks of c tokens. For query sub-chunk i and an earlier key sub-chunk j
-the exponent splits at Γ_f, f the first row of i (both factors ≤ 0):
+The chunk is cut into sub-chunks of c tokens. For a query sub-chunk [s] and an earlier key sub-chunk
+[u] the exponent splits at gc_f, f the first row of [s] (both factors ≤ 0):
 
-    dq_i += (dA_ij (K_j ⊙ exp(Γ_f − Γ_j))) ⊙ exp(Γ_i − Γ_f),
+    dQ_[s] += (dA_[s][u] (K_[u] ⊙ exp(gc_f − gc_[u]))) ⊙ exp(gc_[s] − gc_f),
 
-one c × c by c × BK tensor-core matmul per j; dk of key sub-chunk i from a later sub-chunk j splits
-at Γ_e, e the last row of i. The diagonal c × c tile of each sub-chunk has no split point: it runs
-in float32 log space, one column j at a time, and one exponential serves both sides, since for a row
-r of the tile and its column j, ``Γ_r − Γ_j ≤ 0`` when r ≥ j (dq) and ``Γ_j − Γ_r ≤ 0`` when r ≤ j (dk).
+one c × c by c × BK tensor-core matmul per [u]; dk of a key sub-chunk from a later query sub-chunk
+splits at gc_e, e the last row of the key sub-chunk. The diagonal c × c tile of each sub-chunk has no
+split point: it runs in float32 log space, one column j at a time, and one exponential serves both
+sides, since for a row r of the tile and its column j, ``gc_r − gc_j ≤ 0`` when r ≥ j (dq) and
+``gc_j − gc_r ≤ 0`` when r ≤ j (dk). (In the code, ``i_i`` is the program's own sub-chunk.)
 
 Grid ``(⌈K/BK⌉ · C/c, ⌈T/C⌉, B·H)``: a program owns sub-chunk i of one chunk and one key block, i.e.
 the ``c × BK`` tiles of dq and dk. HBM: the rows of dA touching sub-chunk i (c × C and C × c), and
-q, k, Γ of the chunk's ``C × BK`` block read; dq, dk written once in float32 for the inter-chunk
+q, k, gc of the chunk's ``C × BK`` block read; dq, dk written once in float32 for the inter-chunk
 kernel to add to. Packed batch (``varlen``): grid ``(⌈K/BK⌉ · C/c, NT, H)`` over the NT chunks of
 all sequences, a program reading its row of the chunk table and its sequence's two offsets.
 """
@@ -56,14 +59,14 @@ def _configs():
 
 @triton.jit
 def _gate_rows(p_g, t, T, o_k, m_k, HK: tl.constexpr):
-    """Γ at tokens ``t`` (a tile; rows past T repeat the last real row, so exponents stay ≤ 0)."""
+    """gc at tokens ``t`` (a tile; rows past T repeat the last real row, so exponents stay ≤ 0)."""
     return tl.load(p_g + tl.minimum(t, T - 1)[:, None] * HK + o_k[None, :], mask=m_k[None, :], other=0.0)
 
 
 @triton.jit
 def _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, i_n, i_i, T, o_k, m_k, H: tl.constexpr,
                 K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """dq of sub-chunk i from the key sub-chunks j < i, split at Γ_f (f: first row of i)."""
+    """dq of sub-chunk i from the key sub-chunks j < i, split at gc_f (f: first row of i)."""
     o_c = tl.arange(0, c)
     g_f = tl.load(gc + base_k + tl.minimum(i_n * C + i_i * c, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)
     b_dq = tl.zeros([c, BK], dtype=tl.float32)
@@ -79,7 +82,7 @@ def _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, i_n, i_i, T, o_k, m_k, H
 @triton.jit
 def _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H: tl.constexpr,
               K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """dk of sub-chunk i from the query sub-chunks j > i, split at Γ_e (e: last real row of i)."""
+    """dk of sub-chunk i from the query sub-chunks j > i, split at gc_e (e: last real row of i)."""
     o_c = tl.arange(0, c)
     g_e = tl.load(gc + base_k + (tl.minimum(i_n * C + i_i * c + c, T) - 1) * (H * K) + o_k, mask=m_k, other=0.0)
     b_dk = tl.zeros([c, BK], dtype=tl.float32)
@@ -98,7 +101,7 @@ def _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H: tl.co
 def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, r, b_g, i_n, i_i, T, o_k, m_k,
                    H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, UNROLL: tl.constexpr):
     """Adds the diagonal tile, one column j at a time in float32:
-    dq_r += dA[r, j] k_j e_rj for r ≥ j and dk_r += dA[j, r] q_j e_rj for r ≤ j, e_rj = exp(−|Γ_r − Γ_j|)."""
+    dq_r += dA[r, j] k_j e_rj for r ≥ j and dk_r += dA[j, r] q_j e_rj for r ≤ j, e_rj = exp(−|gc_r − gc_j|)."""
     o_c = tl.arange(0, c)
     for j in tl.range(c, loop_unroll_factor=UNROLL):
         t_j = i_n * C + i_i * c + j

@@ -1,28 +1,30 @@
 """Step 3 of the chunk GLA forward: the intra-chunk matrix A by secondary-level chunking (paper §4.3, Fig. 3).
 
-Inside chunk n (positions r, s = 0..C−1, Γ the chunk-local cumulative gate),
+Inside one chunk (query row i, key row j = 0..C−1; gc = log Λ the chunk-local cumulative log-gate
+(book/notation.md: Λ = exp gc, Γ = exp(gc_last − gc), γ = exp gc_last)),
 
-    A[r, s] = scale · Σ_d q_rd k_sd exp(Γ_rd − Γ_sd)      for s ≤ r,   0 above the diagonal.
+    A[i, j] = scale · Σ_d q_id k_jd exp(gc_id − gc_jd)      for j ≤ i,   0 above the diagonal.
 
-The chunk is cut into sub-chunks of c tokens. For a query sub-chunk i and an earlier key sub-chunk
-j < i the exponent splits at ``Γ_p``, the first row p of sub-chunk i:
+The chunk is cut into sub-chunks of c tokens. For a query sub-chunk [s] and an earlier key
+sub-chunk [u], u < s, the exponent splits at ``gc_p``, the first row p of sub-chunk [s]:
 
-    A[r∈i, s∈j] = (q_r ⊙ exp(Γ_r − Γ_p)) · (k_s ⊙ exp(Γ_p − Γ_s))      r ≥ p > s, exponents ≤ 0,
+    A[i∈[s], j∈[u]] = (q_i ⊙ exp(gc_i − gc_p)) · (k_j ⊙ exp(gc_p − gc_j))    i ≥ p > j, exponents ≤ 0,
 
 one c × c tensor-core matmul over K with half-precision operands (the orange tiles of Fig. 3); the
-query factor is computed once and serves every j. Pairs inside sub-chunk i (the pink diagonal
-tiles) have no split point; they are summed in float32 one key column s at a time, from s = p+c−1
+query factor is computed once and serves every [u]. Pairs inside sub-chunk [s] (the pink diagonal
+tiles) have no split point; they are summed in float32 one key column j at a time, from j = p+c−1
 down to p, with the decay matrix kept as a running product,
 
-    E_s[r] = exp(Γ_r − Γ_s) = E_{s+1}[r] · exp(Γ_{s+1} − Γ_s)   (r > s),     E_s[s] = 1,
+    E_j[i] = exp(gc_i − gc_j) = E_{j+1}[i] · exp(gc_{j+1} − gc_j)   (i > j),     E_j[j] = 1,
 
 so a column costs K exps (of single log-gates, ≤ 0) instead of c·K, and the tile work is
 multiplications: every factor is ≤ 1, nothing overflows, and a product of at most c − 1 rounded
-factors stays within a few c ulps of exp(Γ_r − Γ_s) (or underflows where that is below float32).
+factors stays within a few c ulps of exp(gc_i − gc_j) (or underflows where that is below float32).
+(In the kernel's code, ``s`` is the loop's key column and ``j`` its column within the tile.)
 
 Grid ``(C/c, ⌈T/C⌉, B·H)``: a program owns the c × C row strip of A of one query sub-chunk (its
-tiles left of the diagonal, the diagonal tile, zeros right of it). HBM: the strip's q and Γ rows,
-k and Γ rows of sub-chunks j ≤ i (the earlier ones shared in L2 with the strip's neighbours), A
+tiles left of the diagonal, the diagonal tile, zeros right of it). HBM: the strip's q and gc rows,
+k and gc rows of sub-chunks [u], u ≤ s (the earlier ones shared in L2 with the strip's neighbours), A
 written once in float32 with zeros above the diagonal. Packed batch (``varlen``): grid
 ``(C/c, NT, H)`` over the NT chunks of all sequences, each program reading its row of the chunk
 table and the two offsets of its sequence; rows past a sequence's end are neither read nor written.
@@ -55,7 +57,7 @@ def _configs():
 
 @triton.jit
 def _split_tile(k, gc, b_qt, g_p, s0, T, o_c, o_k, m_k, HK: tl.constexpr, PREC: tl.constexpr):
-    """A[r∈i, s∈j] / scale for the key sub-chunk j starting at token s0 < p: the split-at-Γ_p matmul."""
+    """A[i∈[s], j∈[u]] / scale for the key sub-chunk [u] starting at token s0 < p: the split-at-gc_p matmul."""
     s = s0 + o_c
     b_k = load_rows(k, s, s < T, o_k, m_k, HK)
     b_gk = load_rows(gc, s, s < T, o_k, m_k, HK)
@@ -67,7 +69,7 @@ def _split_tile(k, gc, b_qt, g_p, s0, T, o_c, o_k, m_k, HK: tl.constexpr, PREC: 
 def _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, HK: tl.constexpr, c: tl.constexpr):
     """D[r, j] = A[p+r, p+j] / scale (j ≤ r, else 0) in float32, the decay E by a running product."""
     b_D = tl.zeros([c, c], dtype=tl.float32)
-    b_E = tl.zeros_like(b_q)                     # E[r] = exp(Γ_r − Γ_s) for rows r ≥ s, 0 above
+    b_E = tl.zeros_like(b_q)                     # E[r] = exp(gc_r − gc_s) for rows r ≥ s, 0 above
     g_next = tl.load(gc + tl.minimum(p + c - 1, T - 1) * HK + o_k, mask=m_k, other=0.0)
     for jj in tl.static_range(c):                # unrolled: the row loads can all go out early
         j = c - 1 - jj
@@ -102,7 +104,7 @@ def chunk_intra_kernel(q, k, gc, A, cu_seqlens, chunk_indices, scale, T, T_BUCKE
     b_q = load_rows(q, t, m_t, o_k, m_k, H * K).to(tl.float32)
     b_g = tl.load(gc + tl.minimum(t, T - 1)[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
     g_p = tl.load(gc + p * (H * K) + o_k, mask=m_k, other=0.0)
-    b_qt = (b_q * tl.exp(b_g - g_p[None, :])).to(k.dtype.element_ty)  # rows past T repeat Γ row T−1
+    b_qt = (b_q * tl.exp(b_g - g_p[None, :])).to(k.dtype.element_ty)  # rows past T repeat gc row T−1
     for j in range(i_i):
         b_a = _split_tile(k, gc, b_qt, g_p, i_n * C + j * c, T, o_c, o_k, m_k, H * K, PREC)
         store_rows(p_A, b_a * scale, t, m_t, j * c + o_c, o_c < c, H * C)

@@ -1,18 +1,20 @@
 """Step 4 of the chunk GLA forward: the output of each chunk from its entering state and its matrix A.
 
-    O_n = scale · (Q_n ⊙ exp Γ_n) S_n  +  (A_n ⊙ M) V_n
+    O_[i+1] = scale · (Q_[i+1] ⊙ exp gc) S_[i]  +  (A ⊙ M) V_[i+1]
 
-The first term is the inter-chunk part (exponent Γ ≤ 0: the reference row is the chunk start,
-where S_n was taken); the second is the intra-chunk part, with A from :mod:`chunk_intra` (scale
-included) and M the causal mask, applied again with tl.where.
+for the chunk at 0-based index i (chunk [i+1] of the math), with gc = log Λ the chunk-local cumulative
+log-gate (book/notation.md: Λ = exp gc, Γ = exp(gc_last − gc), γ = exp gc_last) and S_[i] = ``h[:, :, i]``
+the state entering the chunk. The first term is the inter-chunk part (exponent gc ≤ 0: the reference row
+is the chunk start, where S_[i] was taken); the second is the intra-chunk part, with A from
+:mod:`chunk_intra` (scale included) and M the causal mask, applied again with tl.where.
 
 Grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``: a program owns one chunk's ``C × BV`` tile of O. It forms the intra
 part first (the A and V loads go out before the K loop), then adds the inter part over K blocks of
-BK with the scale folded into the query factor, so one accumulator takes both dots. HBM: q, Γ, A,
-the ``K × BV`` slice of S_n (float32: the bulk of the bytes), the ``C × BV`` tile of V read; O
-written once. Both block sizes are autotuned: BV = V reads q, Γ and A once per chunk, BK = K
+BK with the scale folded into the query factor, so one accumulator takes both dots. HBM: q, gc, A,
+the ``K × BV`` slice of S_[i] (float32: the bulk of the bytes), the ``C × BV`` tile of V read; O
+written once. Both block sizes are autotuned: BV = V reads q, gc and A once per chunk, BK = K
 issues all loads of the inter part at once. Packed batch (``varlen``): grid ``(⌈V/BV⌉, NT, H)``
-over the NT chunks of all sequences (chunk table row and two offsets read per program); S_n is
+over the NT chunks of all sequences (chunk table row and two offsets read per program); S_[i] is
 that chunk's row of h ``[1, H, NT, K, V]``.
 """
 

@@ -3,18 +3,22 @@ constant decay per head (``g_gamma`` ``[H]``, RetNet style), states materialised
 
 A scalar gate factors out of the key dimension, so the intra-chunk matrix needs no sub-chunks:
 
-    A = (Q Kᵀ) ⊙ D,    D[r, s] = exp(Γ_r − Γ_s) for s ≤ r, else 0,
+    A = (Q Kᵀ) ⊙ D,    D[i, j] = exp(gc_i − gc_j) for j ≤ i, else 0,
+
+with gc = log Λ the chunk-local cumulative log-gate (one number per token; book/notation.md), gc_last
+its last row (log γ), S_[i] = ``h[:, :, i]`` the state entering the chunk at 0-based index i and
+dS_[i+1] the gradient of the state leaving it,
 
 one matmul with raw (unscaled) operands and a C × C decay mask whose exponents are all ≤ 0.
 The state recurrence and its reverse twin are those of :mod:`chunk_state` (scalar-gate layout).
 
 Kernels (all parallel over chunks):
 
-* output, grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``: O = scale · (exp Γ ⊙ (Q S_n) + A V); reads q, k, Γ, v
-  and a ``K × BV`` slice of S_n, writes O. A is rebuilt on chip and never stored.
-* dv, same grid: dV = scale · Aᵀ dO + exp(γ − Γ) ⊙ (K dS_{n+1}); A rebuilt on chip.
-* dq/dk/dg, grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: dA = dO Vᵀ on chip, then dq = scale·exp Γ ⊙ (dO S_nᵀ)
-  + (dA ⊙ D) K, dk = exp(γ − Γ) ⊙ (V dS_{n+1}ᵀ) + (dA ⊙ D)ᵀ Q, and the gate gradient of the
+* output, grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``: O = scale · (exp gc ⊙ (Q S_[i]) + A V); reads q, k, gc, v
+  and a ``K × BV`` slice of S_[i], writes O. A is rebuilt on chip and never stored.
+* dv, same grid: dV = scale · Aᵀ dO + exp(gc_last − gc) ⊙ (K dS_[i+1]); A rebuilt on chip.
+* dq/dk/dg, grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: dA = dO Vᵀ on chip, then dq = scale·exp gc ⊙ (dO S_[i]ᵀ)
+  + (dA ⊙ D) K, dk = exp(gc_last − gc) ⊙ (V dS_[i+1]ᵀ) + (dA ⊙ D)ᵀ Q, and the gate gradient of the
   closed form (paper §4.3) summed over the K block: each block writes a float32 partial
   ``[⌈K/BK⌉, B, T, H]`` that the launcher adds up. The gradient of ``g_gamma`` is that gate
   gradient summed over every batch row and token (it enters every token's gate).
@@ -73,7 +77,7 @@ def _dqkg_configs():
 
 @triton.jit
 def _decay_mask(b_g, o_t, TRANSPOSED: tl.constexpr):
-    """D[r, s] = exp(Γ_r − Γ_s) for s ≤ r (its transpose if TRANSPOSED), exponent masked before exp."""
+    """D[r, s] = exp(gc_r − gc_s) for s ≤ r (its transpose if TRANSPOSED), exponent masked before exp."""
     if TRANSPOSED:
         causal = o_t[None, :] >= o_t[:, None]
         diff = b_g[None, :] - b_g[:, None]
@@ -180,7 +184,7 @@ def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, cu_seqlens, chunk
     tl.store(dq + p_tk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + p_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     if STORE_DG:
-        b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)   # dΓ_r = Σ_d (q dq − k dk)
+        b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)   # dgc_r = Σ_d (q dq − k dk)
         b_dg = reverse_cumsum(b_dG) + b_dgamma
         tl.store(dg + part + token_base(bos, i_h, H, 1) + t * H, b_dg, mask=m_t)
 
