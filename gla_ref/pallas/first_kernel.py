@@ -1,0 +1,64 @@
+"""A first Pallas kernel: the chunk-local cumulative log-gate ``b`` (``log Λ``), one chunk per program.
+
+Chapter 5 starts here before the GLA kernels. For the log-gates ``g`` of one head, cut into chunks
+of ``C`` rows, the kernel computes ``b_i = g_1 + … + g_i`` restarting at every chunk (rows i of the
+chunk, 1-based in the math), so that ``Λ = exp(b)`` is the decay from the chunk's start to row i.
+This is step 1 of every chunked GLA path (the Triton kernels call it ``gc``; the Pallas paths compute
+it in XLA, :func:`gla_ref.pallas.chunk._local_cumsum`).
+
+* grid ``(BH, T / C)``: one program per (head, chunk);
+* ``BlockSpec((squeezed, C, K), index_map)`` for the input and the output: the program at grid point
+  ``(i, n)`` owns rows ``n·C … n·C + C − 1`` of head ``i`` (0-based code index ``n`` is chunk
+  ``[n + 1]`` of the math), all ``K`` columns;
+* the body sums inside the block as one matmul by a lower triangle of ones (float32, exact for the
+  products by 0 and 1), which lowers to the MXU through Mosaic on a TPU and to ``tl.dot`` through
+  Triton on a GPU (where C and K must then be powers of two ≥ 16).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from gla_ref._validate import check_chunk_sizes
+from gla_ref.pallas import _compat
+
+__all__ = ["chunk_cumsum_kernel", "chunk_local_cumsum"]
+
+
+def chunk_cumsum_kernel(g_ref, b_ref):
+    """One program: ``b = L g`` for its ``[C, K]`` block, ``L`` the lower triangle of ones (float32)."""
+    C = g_ref.shape[0]
+    rows = lax.broadcasted_iota(jnp.int32, (C, C), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (C, C), 1)
+    lower = jnp.where(rows >= cols, 1.0, 0.0).astype(jnp.float32)
+    b_ref[...] = jnp.dot(lower, g_ref[...].astype(jnp.float32), precision=lax.Precision.HIGHEST,
+                         preferred_element_type=jnp.float32)
+
+
+def chunk_local_cumsum(g, chunk_size, *, interpret=False, compiler_params=None):
+    """``b [BH, T, K]`` float32: the cumulative sum of ``g [BH, T, K]`` over each chunk of ``chunk_size`` rows.
+
+    Args:
+        g: log forget gates of ``BH`` heads, ``[BH, T, K]``, floating point; ``T`` a multiple of
+            ``chunk_size``.
+        chunk_size: rows per chunk (per program).
+        interpret: run in Pallas' interpreter (True on a CPU; a ``pltpu.InterpretParams`` for the TPU
+            interpreter); False compiles for the device.
+        compiler_params: passed to ``pl.pallas_call`` (e.g. ``_compat.tpu_compiler_params`` or
+            ``_compat.triton_compiler_params``); None lets Pallas choose.
+    """
+    if getattr(g, "ndim", None) != 3:
+        raise ValueError(f"g must be [BH, T, K] (3 dimensions), got shape {getattr(g, 'shape', type(g))}")
+    if not jnp.issubdtype(g.dtype, jnp.floating):
+        raise TypeError(f"g must be a floating-point array, got {g.dtype}")
+    check_chunk_sizes(chunk_size)
+    BH, T, K = g.shape
+    if T % chunk_size:
+        raise ValueError(f"the length T={T} of g must be a multiple of chunk_size={chunk_size}")
+    spec = pl.BlockSpec((_compat.squeezed(), chunk_size, K), lambda i, n: (i, n, 0))
+    return pl.pallas_call(chunk_cumsum_kernel, grid=(BH, T // chunk_size), in_specs=[spec], out_specs=spec,
+                          out_shape=jax.ShapeDtypeStruct((BH, T, K), jnp.float32), interpret=interpret,
+                          compiler_params=compiler_params, name="chunk_local_cumsum")(g)

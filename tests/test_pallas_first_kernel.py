@@ -1,0 +1,67 @@
+"""Chapter 5's first Pallas kernel (gla_ref.pallas.first_kernel): the chunk-local cumulative log-gate.
+
+Interpreted on the CPU against a float64 NumPy cumsum per chunk, its argument errors, and its
+lowering for TPU (Mosaic) and GPU (Triton) without either device.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gla_ref.pallas import _compat
+from gla_ref.pallas.first_kernel import chunk_local_cumsum
+from gla_ref.testing import assert_close
+
+
+def _reference(g, C):
+    g = np.asarray(g, np.float64)
+    BH, T, K = g.shape
+    return np.cumsum(g.reshape(BH, T // C, C, K), axis=2).reshape(BH, T, K)
+
+
+@pytest.mark.parametrize("BH, T, K, C", [(1, 16, 16, 16), (3, 64, 20, 16), (2, 96, 8, 32), (2, 40, 5, 8)])
+def test_matches_float64_cumsum_per_chunk(BH, T, K, C):
+    g = -jnp.abs(jax.random.normal(jax.random.key(BH * T + K), (BH, T, K), jnp.float32))
+    b = chunk_local_cumsum(g, C, interpret=True)
+    assert b.shape == (BH, T, K) and b.dtype == jnp.float32
+    ref = _reference(g, C)
+    assert_close("b", ref, b, 1e-6)
+    # restarts at every chunk: the first row of each chunk is that row's own gate
+    np.testing.assert_array_equal(np.asarray(b)[:, ::C], np.asarray(g)[:, ::C])
+    # not a running sum over the whole sequence (what a kernel ignoring the chunks would return)
+    if T > C:
+        assert not np.allclose(np.asarray(b), np.cumsum(np.asarray(g, np.float64), axis=1))
+
+
+def test_bf16_input_accumulates_in_float32():
+    g = -jnp.abs(jax.random.normal(jax.random.key(1), (2, 32, 16))).astype(jnp.bfloat16)
+    b = chunk_local_cumsum(g, 16, interpret=True)
+    assert b.dtype == jnp.float32
+    assert_close("b (bf16 gates)", _reference(g.astype(jnp.float32), 16), b, 1e-6)
+
+
+@pytest.mark.parametrize("g, C, err, match", [
+    (jnp.zeros((32, 16)), 16, ValueError, "g must be"),
+    (jnp.zeros((1, 32, 16), jnp.int32), 16, TypeError, "floating"),
+    (jnp.zeros((1, 30, 16)), 16, ValueError, "multiple of chunk_size"),
+    (jnp.zeros((1, 32, 16)), 0, ValueError, "chunk_size"),
+    (jnp.zeros((1, 32, 16)), 16.0, ValueError, "chunk_size"),
+])
+def test_bad_arguments_are_named(g, C, err, match):
+    with pytest.raises(err, match=match):
+        chunk_local_cumsum(g, C, interpret=True)
+
+
+def test_lowers_for_tpu_and_gpu():
+    x = jax.ShapeDtypeStruct((4, 128, 128), jnp.float32)
+    tpu = jax.export.export(jax.jit(lambda g: chunk_local_cumsum(
+        g, 64, compiler_params=_compat.tpu_compiler_params("parallel", "parallel"))), platforms=["tpu"])(x)
+    assert tpu.mlir_module().count("tpu_custom_call") == 1
+    with _compat.abstract_gpu("NVIDIA H200"):
+        gpu = jax.jit(lambda g: chunk_local_cumsum(g, 64, compiler_params=_compat.triton_compiler_params())).trace(
+            x).lower(lowering_platforms=("cuda",)).as_text()
+    assert "__gpu$xla.gpu.triton" in gpu
+    assert "grid_x = 4" in gpu and "grid_y = 2" in gpu  # the Pallas grid (BH, T / C) as the CUDA grid
