@@ -173,14 +173,14 @@ def test_datasheet_peaks():
 def test_chunk_gla_stage_costs_by_hand():
     # B=H=1, T=C=32, c=16, K=V=16: one chunk of two sub-chunks; q, k, v, o have 512 elements each
     s = bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, c=16)
-    # g (4 bytes) read and Γ (4 bytes) written
+    # g (4 bytes) read and gc (4 bytes) written
     assert s["cumsum"] == {"tc_flops": 0, "fp32_flops": 0, "bytes": 512 * 8}
-    # KᵀV: 2·32·16·16 FLOPs; k, v in bf16 (2·512·2), Γ (512·4), one 16×16 float32 state (1024)
+    # KᵀV: 2·32·16·16 FLOPs; k, v in bf16 (2·512·2), gc (512·4), one 16×16 float32 state (1024)
     assert s["state"] == {"tc_flops": 16384, "fp32_flops": 0, "bytes": 2048 + 2048 + 1024}
     # one off-diagonal 16×16 tile of QKᵀ (2·16·16·16) on tensor cores, two diagonal ones in float32;
-    # q, k read (2048), Γ (2048), A (32·32·4) written
+    # q, k read (2048), gc (2048), A (32·32·4) written
     assert s["intra"] == {"tc_flops": 8192, "fp32_flops": 16384, "bytes": 2048 + 2048 + 4096}
-    # (Q ⊙ Λ) S: 2·32·16·16; A V over the three lower tiles: 3·2·16·16·16; q + Γ (3072), the state,
+    # (Q ⊙ Λ) S: 2·32·16·16; A V over the three lower tiles: 3·2·16·16·16; q + gc (3072), the state,
     # A, v read and o written
     assert s["output"] == {"tc_flops": 16384 + 24576, "fp32_flops": 0, "bytes": 3072 + 1024 + 4096 + 2048}
 
@@ -204,8 +204,8 @@ def test_fused_and_simple_costs_by_hand():
     # simple GLA at K = V = d is the chunkwise count of chapter 1, all on tensor cores
     cost = bench.chunk_simple_gla_cost(2, 300, 3, 64, 64, C=64)
     assert cost["tc_flops"] == 2 * 3 * bench.flops_chunkwise(300, 64, 64) and cost["fp32_flops"] == 0
-    # bytes with T=C=16, K=V=16, B=H=1: gate 16·(4+4); state: k, v (1024), Γ (64), one state (1024);
-    # output: q, k, v, o (2048), Γ (64), the state (1024)
+    # bytes with T=C=16, K=V=16, B=H=1: gate 16·(4+4); state: k, v (1024), gc (64), one state (1024);
+    # output: q, k, v, o (2048), gc (64), the state (1024)
     assert bench.chunk_simple_gla_cost(1, 16, 1, 16, 16, C=16)["bytes"] == 128 + 2112 + 3136
 
 
@@ -229,9 +229,9 @@ def test_forward_cost_and_allocations_reject_unknown_names():
 
 
 def test_allocations_by_hand():
-    # B=2, T=100, H=1, K=V=8, bf16: Γ 2·100·8·4, ⌈100/64⌉ = 2 states of 8×8 float32 per sequence,
+    # B=2, T=100, H=1, K=V=8, bf16: gc 2·100·8·4, ⌈100/64⌉ = 2 states of 8×8 float32 per sequence,
     # A 2·100·64·4, o 2·100·8·2
-    assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8) == {"Γ": 6400, "states": 2 * 2 * 256,
+    assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8) == {"gc": 6400, "states": 2 * 2 * 256,
                                                                         "A": 51200, "o": 3200}
     assert bench.forward_allocations("fused_chunk_gla", 2, 100, 1, 8, 8) == {"o": 3200}
 

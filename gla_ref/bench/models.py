@@ -144,13 +144,13 @@ def _chunk_state_bytes(B, T, H, K, V, C):
 
 def chunk_gla_stage_costs(B, T, H, K, V, C=64, c=16, act_bytes=2, gate_bytes=4) -> dict:
     """Cost of each forward kernel of ``gla_ref.triton.chunk_gla`` (chapter 4), the FLOPs from
-    :func:`two_level_flop_split`: ``cumsum`` (g → Γ), ``state`` (the inter-chunk recurrence: k, v, Γ
-    → a float32 state per chunk), ``intra`` (q, k, Γ → the float32 ``C × C`` blocks A: sub-chunk
-    pairs on tensor cores, diagonal tiles in float32) and ``output`` (q, Γ, states, A, v → o by
-    ``(Q ⊙ Λ) S + A V``)."""
+    :func:`two_level_flop_split`: ``cumsum`` (g → gc, the float32 chunk-local cumulative log-gate
+    log Λ), ``state`` (the inter-chunk recurrence: k, v, gc → a float32 state per chunk), ``intra``
+    (q, k, gc → the float32 ``C × C`` blocks A: sub-chunk pairs on tensor cores, diagonal tiles in
+    float32) and ``output`` (q, gc, states, A, v → o by ``(Q ⊙ Λ) S + A V``)."""
     _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, c=c, act_bytes=act_bytes, gate_bytes=gate_bytes)
     f = {key: B * H * n for key, n in two_level_flop_split(T, C, c, K, V).items() if key != "half_fraction"}
-    xk, xv = B * T * H * K, B * T * H * V  # elements of q, k or Γ; of v or o
+    xk, xv = B * T * H * K, B * T * H * V  # elements of q, k or gc; of v or o
     states, A = _chunk_state_bytes(B, T, H, K, V, C), B * T * H * C * 4
     return {
         "cumsum": _cost(nbytes=xk * (gate_bytes + 4)),
@@ -175,7 +175,8 @@ def fused_chunk_gla_cost(B, T, H, K, V, C=16, act_bytes=2, gate_bytes=4) -> dict
 def chunk_simple_gla_cost(B, T, H, K, V, C=64, act_bytes=2, gate_bytes=4) -> dict:
     """Cost of ``gla_ref.triton.chunk_simple_gla``'s forward: a scalar gate per token and head, so
     the intra-chunk block is one ``C × C`` matmul (``c = C``, all on tensor cores); kernels: cumsum,
-    state (float32 states per chunk), output (q, k, v, Γ, states → o)."""
+    state (float32 states per chunk), output (q, k, v, gc, states → o); gc is the chunk-local
+    cumulative log-gate log Λ."""
     _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, act_bytes=act_bytes, gate_bytes=gate_bytes)
     f = two_level_flop_split(T, C, C, K, V)
     xk, xv, xg = B * T * H * K, B * T * H * V, B * T * H
@@ -215,14 +216,15 @@ def forward_cost(name, B, T, H, K, V, act_bytes=2) -> dict:
 def forward_allocations(name, B, T, H, K, V, act_bytes=2) -> dict:
     """Bytes of each tensor that one forward of a ``gla_ref.triton`` kernel allocates at its default
     chunk size (64), no final state asked for. All are alive at once at its end, so their sum is the forward's peak memory above its
-    inputs: ``chunk_gla`` Γ, the states of every chunk, A and o; ``chunk_simple_gla`` the summed
-    scalar gate, Γ, the states and o; ``fused_chunk_gla`` o alone."""
+    inputs: ``chunk_gla`` gc (the float32 chunk-local cumulative log-gate log Λ), the states of every
+    chunk, A and o; ``chunk_simple_gla`` the summed scalar gate, gc, the states and o;
+    ``fused_chunk_gla`` o alone. Keys name the tensors as the kernels do."""
     _positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes)
     xk, xv, xg = B * T * H * K, B * T * H * V, B * T * H
     allocs = {
-        "chunk_gla": lambda: {"Γ": xk * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64),
+        "chunk_gla": lambda: {"gc": xk * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64),
                               "A": B * T * H * 64 * 4, "o": xv * act_bytes},
-        "chunk_simple_gla": lambda: {"g": xg * 4, "Γ": xg * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64),
+        "chunk_simple_gla": lambda: {"g": xg * 4, "gc": xg * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64),
                                      "o": xv * act_bytes},
         "fused_chunk_gla": lambda: {"o": xv * act_bytes},
     }
