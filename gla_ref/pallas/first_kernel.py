@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
 from gla_ref._validate import check_chunk_sizes
 from gla_ref.pallas import _compat
+from gla_ref.testing import assert_close
 
-__all__ = ["chunk_cumsum_kernel", "chunk_local_cumsum"]
+__all__ = ["CHECK_CASES", "check", "chunk_cumsum_kernel", "chunk_local_cumsum"]
 
 
 def chunk_cumsum_kernel(g_ref, b_ref):
@@ -62,3 +64,32 @@ def chunk_local_cumsum(g, chunk_size, *, interpret=False, compiler_params=None):
     return pl.pallas_call(chunk_cumsum_kernel, grid=(BH, T // chunk_size), in_specs=[spec], out_specs=spec,
                           out_shape=jax.ShapeDtypeStruct((BH, T, K), jnp.float32), interpret=interpret,
                           compiler_params=compiler_params, name="chunk_local_cumsum")(g)
+
+
+CHECK_CASES = ((1, 16, 16, 16), (3, 64, 20, 16), (2, 96, 8, 32), (2, 40, 5, 8))
+"""``(BH, T, K, chunk_size)`` of :func:`check`: one chunk, several, K not a power of two, C = 8."""
+
+
+def check(fn, tol: float = 1e-6) -> float:
+    """Hold ``fn(g, chunk_size, interpret=True)`` to the assertions :func:`chunk_local_cumsum` passes.
+
+    For each of :data:`CHECK_CASES`, on random log-gates ``g ≤ 0``: a ``[BH, T, K]`` float32 result
+    within ``tol`` (relative RMSE) of a float64 cumulative sum restarted at every chunk, whose first row
+    per chunk is that row's gate exactly, and which is not the running sum over the whole sequence.
+    Raises AssertionError naming the case; returns the largest error.
+    """
+    worst = 0.0
+    for BH, T, K, C in CHECK_CASES:
+        g = -jnp.abs(jax.random.normal(jax.random.key(BH * T + K), (BH, T, K), jnp.float32))
+        b = fn(g, C, interpret=True)
+        case = f"BH={BH}, T={T}, K={K}, chunk_size={C}"
+        if b.shape != (BH, T, K) or b.dtype != jnp.float32:
+            raise AssertionError(f"{case}: expected float32 {(BH, T, K)}, got {b.dtype} {b.shape}")
+        g64 = np.asarray(g, np.float64)
+        ref = np.cumsum(g64.reshape(BH, T // C, C, K), axis=2).reshape(BH, T, K)
+        worst = max(worst, assert_close(f"b ({case})", ref, b, tol))
+        if not np.array_equal(np.asarray(b)[:, ::C], np.asarray(g)[:, ::C]):
+            raise AssertionError(f"{case}: the first row of a chunk must be its own gate (b restarts)")
+        if T > C and np.allclose(np.asarray(b), np.cumsum(g64, axis=1)):
+            raise AssertionError(f"{case}: b is the running sum over the whole sequence, not per chunk")
+    return worst
