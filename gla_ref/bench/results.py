@@ -57,6 +57,7 @@ SCRIPTS = {
     "sequence_parallel": "sequence_parallel_bench.py",
     "fla_layer": "fla_layer_check.py",
     "paper_setups": "bench_paper_setups.py",
+    "varlen": "bench_varlen.py",
 }
 """The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
 
