@@ -365,7 +365,7 @@ HISTORICAL = {
                          lambda s, b, p: _band(p[0], b["BV"], s.V), "initial_state", "h0"),
                   Access("O_inter", "write", lambda s, b: (b["NK"] * s.T, s.V),
                          lambda s, b, p: [(p[1] * s.T, (p[1] + 1) * s.T, *_band(p[0], b["BV"], s.V))], "f32",
-                         tokens=False, arg="o", fold=lambda s, b: s.T, fold_label="key block {i}"),
+                         tokens=False, arg="o", fold=lambda s, b: s.T, fold_label="$i_k$={i}"),
                   _state("final state", "write", lambda s, b, p: _band(p[1], b["BK"], s.K),
                          lambda s, b, p: _band(p[0], b["BV"], s.V), "final_state", "ht")),
         loop="chunks of 16 in order", chunk=_chunk16),
@@ -378,7 +378,7 @@ HISTORICAL = {
                   _tok("b (log₂)", "read", K_, _hist_rows, _hist_kblk, "f32", arg="b"),
                   Access("A partials", "write", lambda s, b: (b["NK"] * b["N16"] * 16, 16),
                          lambda s, b, p: [((p[0] * b["N16"] + p[1]) * 16, (p[0] * b["N16"] + p[1] + 1) * 16, 0, 16)],
-                         "f32", tokens=False, arg="A", fold=lambda s, b: b["N16"] * 16, fold_label="key block {i}")),
+                         "f32", tokens=False, arg="A", fold=lambda s, b: b["N16"] * 16, fold_label="$i_k$={i}")),
         chunk=_chunk16),
 }
 
@@ -629,7 +629,6 @@ def _draw_one(ax, spec, sizes, program, overrides):
     shapes = {name: a.shape(sizes, b) for name, a in first.items()}
     layouts = {name: _layout(a, shapes[name], sizes, b) for name, a in first.items()}
     tallest = max(rows for _, rows, _ in layouts.values())
-    fold_gap = 0.04 * tallest
     room = 0.32 * tallest  # the narrowest slot: room for the labels
     gap = 0.1 * tallest
     chunk = spec.chunk(sizes, b) if spec.chunk else None
@@ -637,6 +636,7 @@ def _draw_one(ax, spec, sizes, program, overrides):
     for name in names:
         rows, cols = shapes[name]
         n_blocks, per, _ = layouts[name]
+        fold_gap = max(0.04 * tallest, 0.16 * tallest - cols)  # room for the block labels
         drawn = n_blocks * cols + (n_blocks - 1) * fold_gap
         slot = max(drawn, room)
         x0 = x + (slot - drawn) / 2
