@@ -78,14 +78,17 @@ def linear_attention_bwd(q, k, v, do, *, scale=None, initial_state=None, dht=Non
                          materialize=True):
     """Gradients of (ungated) linear attention by the chunkwise backward of paper Alg. 2.
 
-    With S_[n] the state entering chunk n and dS_[n] the gradient of the state *leaving* it,
-    ``dS_[n] = dht + scale·Σ_{m>n} Q_[m]ᵀ dO_[m]`` (a reverse recurrence), and per chunk
+    Chunks n = 1..N as in book/notation.md: S_[n] is the state at the end of chunk n (S_[0] the
+    initial state), chunk n reads S_[n-1], and dS_[n] is the gradient of S_[n],
+    ``dS_[n] = dht + scale·Σ_{m>n} Q_[m]ᵀ dO_[m]`` (a reverse recurrence), so per chunk n
 
-        dQ = scale·(dO S_[n]ᵀ + (dO Vᵀ ⊙ M) K)
+        dQ = scale·(dO S_[n-1]ᵀ + (dO Vᵀ ⊙ M) K)
         dK = V dS_[n]ᵀ + scale·(V dOᵀ ⊙ Mᵀ) Q
         dV = K dS_[n] + scale·(Q Kᵀ ⊙ M)ᵀ dO
 
-    ``materialize=True`` stores all S_[n] and dS_[n] (``[B, H, N, K, V]`` each) and then treats the
+    and dh0 = dS_[0]. In the code chunks are 0-based: index i is chunk [i+1], ``S[:, :, i]`` is
+    S_[i] (entering it) and ``dS[:, :, i]`` is dS_[i+1] (leaving it).
+    ``materialize=True`` stores all of them (``[B, H, N, K, V]`` each) and then treats the
     chunks in parallel; ``materialize=False`` keeps one running state: a forward pass for dQ, then a
     reverse pass for dK and dV (the states are recomputed, not stored). Returns
     ``(dq, dk, dv, dh0)`` in q's layout and dtype; dh0 ``[B, H, K, V]`` or None without initial_state.
@@ -104,8 +107,8 @@ def linear_attention_bwd(q, k, v, do, *, scale=None, initial_state=None, dht=Non
     dP = (dO @ V.transpose(-1, -2)).masked_fill(~M, 0.0)   # dO Vᵀ ⊙ M, per chunk
     if materialize:
         KV, QdO = K.transpose(-1, -2) @ V, Q.transpose(-1, -2) @ dO  # [B, H, N, K, V]
-        S = S0[:, :, None] + KV.cumsum(2) - KV                          # entering chunk n
-        dS = dST[:, :, None] + scale * (reverse_cumsum(QdO, 2) - QdO)    # leaving chunk n
+        S = S0[:, :, None] + KV.cumsum(2) - KV                          # S_[n]: entering 0-based chunk n
+        dS = dST[:, :, None] + scale * (reverse_cumsum(QdO, 2) - QdO)    # dS_[n+1]: leaving it
         dQ = scale * (dO @ S.transpose(-1, -2) + dP @ K)
         dK = V @ dS.transpose(-1, -2) + scale * dP.transpose(-1, -2) @ Q
         dV = K @ dS + scale * P.transpose(-1, -2) @ dO
@@ -239,17 +242,19 @@ def gate_grad_closed_form(q, k, dq, dk, *, final_state=None, dht=None):
 def gla_bwd_chunk(q, k, v, g, do, *, scale=None, initial_state=None, dht=None, chunk_size=16):
     """GLA gradients chunk by chunk: inter-chunk terms through the states, intra-chunk terms in log space.
 
-    In chunk n, with log Λ = G the chunk-local cumsum of g, γ its last row, A_rs = scale·Σ_d q_rd k_sd
-    e^{G_rd − G_sd} (s ≤ r) and dA = (dO Vᵀ) ⊙ M:
+    In chunk n (1-based, book/notation.md: chunk n reads S_[n-1] and leaves S_[n]), with log Λ the
+    chunk-local cumsum of g, Λ, Γ, γ its decays (Λ_i = e^{log Λ_i}, Γ_j = γ / Λ_j), query row i, key
+    row j, A_ij = scale·Σ_d q_id k_jd e^{log Λ_id − log Λ_jd} (j ≤ i) and dA = (dO Vᵀ) ⊙ M:
 
-        dS_[n-1] = Diag(e^{γ_n}) dS_[n] + scale·(Q_[n] ⊙ e^{G})ᵀ dO_[n]     (dS of the state leaving a chunk)
-        dq = scale·e^{G} ⊙ (dO S_[n]ᵀ)  +  scale·Σ_s dA_rs k_s ⊙ e^{G_r − G_s}
-        dk = e^{γ − G} ⊙ (V dS_[n]ᵀ)    +  scale·Σ_r dA_rs q_r ⊙ e^{G_r − G_s}
-        dv = (K ⊙ e^{γ − G}) dS_[n]      +  Aᵀ dO
+        dS_[n-1] = Diag(γ_n) dS_[n] + scale·(Q_[n] ⊙ Λ)ᵀ dO_[n]
+        dq_i = scale·Λ_i ⊙ (do_i S_[n-1]ᵀ)  +  scale·Σ_j dA_ij k_j ⊙ e^{log Λ_i − log Λ_j}
+        dk_j = Γ_j ⊙ (v_j dS_[n]ᵀ)          +  scale·Σ_i dA_ij q_i ⊙ e^{log Λ_i − log Λ_j}
+        dV = (K ⊙ Γ) dS_[n]                 +  Aᵀ dO
 
-    and dg by :func:`gate_grad_closed_form`. Returns a dict: dq, dk, dv, dg, dh0 (q's layout), the
-    intra-chunk parts dq_intra, dk_intra, dA ``[B, H, N, C, C]`` and dS ``[B, H, N, K, V]`` (state leaving
-    each chunk).
+    and dg by :func:`gate_grad_closed_form`. Returns a dict: dq, dk, dv, dg, dh0 = dS_[0] (q's
+    layout), the intra-chunk parts dq_intra, dk_intra, dA ``[B, H, N, C, C]`` and dS
+    ``[B, H, N, K, V]``, where ``dS[:, :, i]`` is dS_[i+1], the gradient of the state leaving the
+    chunk at 0-based index i.
     """
     dims = _check_gla(q, k, v, g, initial_state, do, dht)
     check_chunk_sizes(chunk_size)
@@ -295,11 +300,12 @@ def gla_bwd_chunk(q, k, v, g, do, *, scale=None, initial_state=None, dht=None, c
 def intra_chunk_dqk_two_level(q, k, v, g, do, *, scale=None, chunk_size=16, sub_chunk_size=4):
     """The intra-chunk dq, dk of :func:`gla_bwd_chunk` by secondary chunking (step 6 of the kernel).
 
-    dA = (dO Vᵀ) ⊙ M. For a key sub-chunk j and a later query sub-chunk, the exponent G_r − G_s is
-    split at the reference row e (the last row of j) into (G_r − G_e) + (G_e − G_s), both ≤ 0, so
+    dA = (dO Vᵀ) ⊙ M; G = log Λ, the chunk-local cumsum of g. For a key sub-chunk [u] and a later
+    query sub-chunk [s], the exponent G_i − G_j of query row i and key row j is split at the
+    reference row e (the last row of [u]) into (G_i − G_e) + (G_e − G_j), both ≤ 0, so
 
-        dq_r += scale·e^{G_r − G_e} ⊙ Σ_{s∈j} dA_rs (k_s ⊙ e^{G_e − G_s})    (a matmul)
-        dk_s += scale·e^{G_e − G_s} ⊙ Σ_r dA_rs (q_r ⊙ e^{G_r − G_e})        (a matmul)
+        dq_i += scale·e^{G_i − G_e} ⊙ Σ_{j∈[u]} dA_ij (k_j ⊙ e^{G_e − G_j})    (a matmul)
+        dk_j += scale·e^{G_e − G_j} ⊙ Σ_{i∈[s]} dA_ij (q_i ⊙ e^{G_i − G_e})    (a matmul)
 
     and the diagonal c × c tiles are summed in log space. Returns ``(dq_intra, dk_intra)``
     ``[B, T, H, K]`` in q's dtype.
