@@ -276,7 +276,8 @@ def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_s
     """GLA in chunks of C = ``chunk_size`` tokens (paper §4.2): intra-chunk by Eq. 4, inter-chunk
     through the state S_n entering each chunk.
 
-    Within chunk n, with b the cumulative log-gate from the chunk start,
+    Within chunk n (counted from 0 as in the code, so S_n is the book's S_[n], the state entering
+    chunk [n+1]; book/notation.md), with b = log Λ the cumulative log-gate from the chunk start,
     ``O_n = (P_n ⊙ M) V_n + (Q_n ⊙ exp b) S_n`` and
     ``S_{n+1} = diag(exp b_C) S_n + (K_n ⊙ exp(b_C − b))ᵀ V_n``.
     T is padded to a multiple of C with zero gates and zero keys (the final state stays exact);
