@@ -412,8 +412,8 @@ def _pallas_specs(backend, gate):
     vblk = lambda s, b, p: _band(p[2], b["BV"])  # noqa: E731
 
     def tok(name, mode, width, cols, dtype, data, row_of=rows):
-        return Access(name, mode, lambda s, b: (b["Tp"], b[width]), lambda s, b, p: [(*row_of(s, b, p), *cols(s, b, p))],
-                      dtype, data=data)
+        return Access(name, mode, lambda s, b: (b["Tp"], b[width]),
+                      lambda s, b, p: [(*row_of(s, b, p), *cols(s, b, p))], dtype, data=data)
 
     data_k = lambda s, b: (s.T, s.K)  # noqa: E731
     data_v = lambda s, b: (s.T, s.V)  # noqa: E731

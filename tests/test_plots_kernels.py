@@ -43,7 +43,8 @@ def test_constants_are_the_launchers():
     first = lambda kernel: kernel.configs[0].kwargs  # noqa: E731  what the interpreter (and the drawing) uses
     assert pk.STATE_FWD_BLOCKS == (first(chunk_state.chunk_state_fwd_kernel)["BK"],
                                    first(chunk_state.chunk_state_fwd_kernel)["BV"])
-    assert pk.OUTPUT_BLOCKS == (first(chunk_output.chunk_output_kernel)["BK"], first(chunk_output.chunk_output_kernel)["BV"])
+    output = first(chunk_output.chunk_output_kernel)
+    assert pk.OUTPUT_BLOCKS == (output["BK"], output["BV"])
     assert pk.SIMPLE_OUTPUT_BV == first(chunk_simple.simple_output_kernel)["BV"]
     assert (pk.TPU_LANES, pk.TPU_BLOCK_V, pk.GPU_BLOCK_V) == (tpu.LANES, tpu.BLOCK_V, gpu.BLOCK_V)
     for K, V in [(20, 24), (100, 72), (128, 256), (130, 200)]:
