@@ -58,6 +58,8 @@ SCRIPTS = {
     "fla_layer": "fla_layer_check.py",
     "paper_setups": "bench_paper_setups.py",
     "varlen": "bench_varlen.py",
+    "paper_chunk_size_sweep": "bench_chunk_size.py --B 32 --H 4 --K 128 --V 256 --T 2048 "
+                              "--out benchmarks/results/paper_chunk_size_sweep_<device>.json",
 }
 """The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
 
