@@ -19,11 +19,14 @@ from gla_ref import bench, testing, torch_ref
 from gla_ref import triton as gla_triton
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-SHAPES = [  # (B, T, H, K, V): realistic, then awkward
+SHAPES = [  # (B, T, H, K, V): realistic, then awkward, then the GLA paper's heads and a wide V
     (4, 4096, 8, 128, 128),
     (1, 1, 2, 20, 24),
     (2, 63, 3, 100, 72),
     (2, 1000, 2, 64, 256),
+    (2, 2048, 4, 128, 256),  # 340M (and v1's d = 1024): 4 heads, K = d/2/4, V = d/4
+    (1, 2048, 4, 256, 512),  # 1.3B: d = 2048, 4 heads
+    (1, 700, 2, 64, 1024),   # V = 1024, T not a multiple of the chunk
 ]
 KERNELS = {  # name -> (gate kind, call)
     "fused_recurrent_gla": ("gla", gla_triton.fused_recurrent_gla),
