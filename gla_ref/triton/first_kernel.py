@@ -8,13 +8,14 @@ the sum restarted at every chunk, in float32. It is step 1 of ``chunk_gla`` cut 
 first kernel needs: fixed-length batches only (no ``cu_seqlens``), all K channels in one block, one
 launch config and no autotuning. The library's step 1 (:mod:`gla_ref.triton.chunk_cumsum`) is the
 same computation with packed batches, blocks along K and the shared ``_tiles`` addressing helpers;
-the two agree bit for bit on fixed-length input (tests/test_triton_first_kernel.py).
+the two agree bit for bit on fixed-length input with valid gates under the interpreter, and to
+float32 rounding on a GPU (tests/test_triton_first_kernel.py).
 
 Grid ``(⌈T/C⌉, B·H)``: program ``(i_n, i_bh)`` owns the ``C × K`` gate tile of the chunk at 0-based
 index ``i_n`` (chunk [i_n + 1] of the math) of one (batch row, head). It reads g once and writes
 the result once; rows past T and columns past K are masked, never loaded or stored. Offsets are
 int64 (``B·T·H·K`` passes 2³¹ at realistic sizes), built by pointer arithmetic, without
-``make_block_ptr``.
+``make_block_ptr``. It does not check the gates' values: ``g`` should hold log-gates ≤ 0.
 """
 
 from __future__ import annotations
