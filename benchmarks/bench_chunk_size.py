@@ -48,7 +48,7 @@ IMPLEMENTATIONS = {
 PARTS = {
     "torch": {"inter": "state recurrence over the chunks and Q S (torch_ref._scan_chunks)",
               "intra": "within-chunk (P ⊙ M) V by sub-chunks of 16 (torch_ref._two_level_scores, then @ V)"},
-    "triton": {"cumsum": "chunk_local_cumsum: g -> Γ",
+    "triton": {"cumsum": "chunk_local_cumsum: g -> gc = log Λ",
                "state": "chunk_state_fwd: the inter-chunk recurrence, one float32 state per chunk",
                "intra": "chunk_intra_attention: the C x C blocks A (sub-chunk pairs by tl.dot, diagonal in float32)",
                "output": "chunk_output: (Q ⊙ Λ) S (inter) + A V (intra) in one kernel",
