@@ -299,6 +299,126 @@ def test_block_is_pre_norm_with_residuals():
         assert torch.equal(block.step(x[:, 0])[0], x[:, 0])
 
 
+# ----------------------------------------------------------------------------- packed sequences through the model
+
+PACKED = [23, 1, 30, 10]  # 64 tokens: no length a multiple of a chunk (16, 64), one a single token
+VOCAB = 50
+
+
+def _packed_ids(lengths=PACKED, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (1, n), generator=gen) for n in lengths]
+
+
+def _cu(lengths=PACKED):
+    return torch.tensor(np.cumsum([0, *lengths]), dtype=torch.int64)
+
+
+def _lm_run(lm, ids, states, cot_logits, cot_states, cu_seqlens=None):
+    """Logits and final states of ``lm`` from ``states``, and ⟨logits, c⟩ + Σ_l ⟨S_l, c_l⟩ (for backward)."""
+    logits, out = lm(ids, states=states, output_final_state=True, cu_seqlens=cu_seqlens)
+    loss = (logits * cot_logits).sum() + sum((S * c).sum() for S, c in zip(out, cot_states))
+    return logits, out, loss
+
+
+def _packed_and_alone(lm, lengths=PACKED):
+    """The model on one packed row and on each sequence alone (B = 1 each), from the same per-layer
+    initial states and cotangents: ``(packed, alone)``, each ``(logits, states, grads)`` with the
+    gradients of every parameter and of the initial states (those of the sequences run alone add up)."""
+    N, ends = len(lengths), np.cumsum([0, *lengths])
+    gen = torch.Generator().manual_seed(1)
+    dims = [layer.attn.dims[1:] for layer in lm.layers]
+    h0 = [0.3 * torch.randn(N, *hkv, generator=gen) for hkv in dims]
+    cot_logits = torch.randn(1, ends[-1], VOCAB, generator=gen)
+    cot_states = [torch.randn(N, *hkv, generator=gen) for hkv in dims]
+    ids = _packed_ids(lengths)
+
+    def grads(states):
+        return {**{name: p.grad.clone() for name, p in lm.named_parameters()},
+                **{f"initial_state {i}": s.grad for i, s in enumerate(states)}}
+
+    lm.zero_grad()
+    states = [s.clone().requires_grad_() for s in h0]
+    logits, out, loss = _lm_run(lm, torch.cat(ids, 1), states, cot_logits, cot_states, _cu(lengths))
+    loss.backward()
+    packed = (logits.detach(), [S.detach() for S in out], grads(states))
+
+    lm.zero_grad()
+    states, runs = [s.clone().requires_grad_() for s in h0], []
+    for n, x in enumerate(ids):
+        runs.append(_lm_run(lm, x, [s[n:n + 1] for s in states], cot_logits[:, ends[n]:ends[n + 1]],
+                            [c[n:n + 1] for c in cot_states]))
+    sum(loss for *_, loss in runs).backward()
+    alone = (torch.cat([r[0] for r in runs], 1).detach(),
+             [torch.cat([r[1][i] for r in runs], 0).detach() for i in range(len(lm.layers))], grads(states))
+    return packed, alone
+
+
+@pytest.mark.parametrize("mixer, backend", [
+    *[(m, "reference") for m in MIXERS if m != "const"],  # "const" is "retnet"
+    ("gla", "fused_recurrent"), ("simple", "chunk")])  # gla-chunk: the layer test above (the LM here takes 15 s)
+def test_packed_lm_equals_each_sequence_alone(mixer, backend):
+    """cu_seqlens through embedding, blocks and head: the logits, every layer's final state and the
+    gradient of every parameter (and initial state) equal those of the sequences run one by one.
+    Triton's interpreter is slow, so its cases get one layer and 20 tokens (lengths 13, 1, 6)."""
+    reference = backend == "reference"
+    lengths = PACKED if reference else [13, 1, 6]
+    torch.manual_seed(0)
+    lm = GLALM(VOCAB, D, num_layers=2 if reference else 1, num_heads=H, mixer=mixer, backend=backend)
+    (logits, states, grads), (logits_1, states_1, grads_1) = _packed_and_alone(lm, lengths)
+    assert logits.shape == (1, sum(lengths), VOCAB) and states[0].shape[0] == len(lengths)
+    assert_close("logits", logits_1, logits, TOL)
+    for i, (S_1, S) in enumerate(zip(states_1, states)):
+        assert_close(f"final state {i}", S_1, S, TOL)
+    assert grads.keys() == grads_1.keys() and len(grads) == len(list(lm.parameters())) + len(lm.layers)
+    for name, g in grads_1.items():
+        assert g.abs().sum() > 0, f"{name} gets no gradient"
+        assert_close(f"d{name}", g, grads[name], TOL)
+
+
+def test_packed_lm_does_not_leak_across_sequences():
+    """Changing one sequence's tokens changes no logit of the others (a check that does not rely on the
+    model computing a sequence alone the same way)."""
+    torch.manual_seed(0)
+    lm, ids = GLALM(VOCAB, D, num_layers=2, num_heads=H), _packed_ids()
+    other = [ids[0], ids[1], (ids[2] + 1) % VOCAB, ids[3]]
+    with torch.no_grad():
+        a, _ = lm(torch.cat(ids, 1), cu_seqlens=_cu())
+        b, _ = lm(torch.cat(other, 1), cu_seqlens=_cu())
+    third = slice(PACKED[0] + PACKED[1], PACKED[0] + PACKED[1] + PACKED[2])
+    assert torch.equal(torch.cat([a[:, :third.start], a[:, third.stop:]], 1),
+                       torch.cat([b[:, :third.start], b[:, third.stop:]], 1))
+    assert not torch.allclose(a[:, third], b[:, third])
+
+
+def test_packed_prefill_then_decode_each_sequence():
+    """The states of a packed prefill ([N, H, K, V] per layer) decode the N sequences as a batch of N."""
+    torch.manual_seed(0)
+    lm, ids = GLALM(VOCAB, D, num_layers=2, num_heads=H, mixer="scalar"), _packed_ids()
+    nxt = torch.randint(0, VOCAB, (len(PACKED),), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        _, states = lm(torch.cat(ids, 1), output_final_state=True, cu_seqlens=_cu())
+        step_logits, _ = lm.step(nxt, states)
+        alone = [lm(torch.cat([x, nxt[n:n + 1, None]], 1))[0][:, -1] for n, x in enumerate(ids)]
+    assert_close("next-token logits", torch.cat(alone, 0), step_logits, TOL)
+
+
+@pytest.mark.parametrize("ids, cu, error, match", [
+    (torch.zeros(1, 64, dtype=torch.long), [0, 23, 24, 54, 63], ValueError, "cu_seqlens must start at 0 and end at T = 64"),
+    (torch.zeros(1, 64, dtype=torch.long), [0, 23, 23, 54, 64], ValueError, "cu_seqlens must increase strictly"),
+    (torch.zeros(2, 32, dtype=torch.long), [0, 10, 32], ValueError, "cu_seqlens needs one packed sequence batch, B = 1"),
+    (torch.zeros(1, 64, dtype=torch.long), [[0, 64]], ValueError, "cu_seqlens must be"),
+])
+def test_packed_lm_bad_cu_seqlens(ids, cu, error, match):
+    with pytest.raises(error, match=match):
+        _LM(ids, cu_seqlens=torch.tensor(cu, dtype=torch.int64))
+
+
+def test_packed_lm_states_are_one_per_sequence():
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[N, H, K, V\]"):
+        _LM(torch.zeros(1, 64, dtype=torch.long), states=[torch.zeros(1, H, 8, 16)] * 2, cu_seqlens=_cu())
+
+
 # ----------------------------------------------------------------------------- bad arguments
 
 @pytest.mark.parametrize("build, error, match", [

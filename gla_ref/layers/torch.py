@@ -13,6 +13,12 @@ whole sequence (a chunkwise form: ``backend`` picks :func:`gla_ref.torch_ref.chu
 the closed-form update ``S ← Diag(α_t) S + k_tᵀ v_t``, ``o_t = scale · q_t S`` in PyTorch directly
 (no kernel launch for a [K, V] rank-one update). Prefill with ``forward``, then decode with ``step``.
 Shapes: x ``[B, T, d]``, x_t ``[B, d]``, states ``[B, H, K, V]`` float32.
+
+Packed sequences: ``forward`` of the layers, of :class:`GLABlock` and of :class:`GLALM` takes
+``cu_seqlens``, FLA's int64 offsets ``[N + 1]`` of N sequences packed into one row (B = 1). Each
+sequence is then mixed from its own first token and its own state, states being ``[N, H, K, V]``
+float32, as if it ran alone; everything else acts on one token at a time, so nothing crosses a
+sequence boundary.
 """
 
 from __future__ import annotations
@@ -88,9 +94,11 @@ class _TokenMixer(nn.Module):
         """x ``[B, T, d]`` → ``(y [B, T, d], final_state [B, H, K, V] float32 or None)``.
 
         ``initial_state`` ``[B, H, K, V]`` float32 (e.g. from an earlier call) or None for zeros.
-        ``cu_seqlens``: int64 ``[N + 1]`` offsets of N sequences packed into one row (B = 1, FLA's
-        convention), each mixed from its own first token; the states are then ``[N, H, K, V]``. The
-        projections and norms act per token, so only the mixer sees the offsets.
+        ``cu_seqlens``: None, or int64 ``[N + 1]`` offsets of N sequences packed into one row (x
+        ``[1, T, d]``, FLA's convention), 0 = cu_seqlens[0] < … < cu_seqlens[N] = T; each sequence is
+        mixed from its own first token and its own row of ``initial_state``, and both states are then
+        ``[N, H, K, V]`` float32. Every backend takes it. The projections and norms act per token, so
+        only the mixer sees the offsets. A bad cu_seqlens is a ValueError or TypeError naming it.
         """
         d = self.dims[0]
         _check_tensor("x", x, "[B, T, d]", 3, d, self._dtype())
@@ -357,9 +365,16 @@ class GLABlock(nn.Module):
         self.mlp_norm = nn.RMSNorm(d, eps=norm_eps)
         self.mlp = SwiGLU(d, inner)
 
-    def forward(self, x, initial_state=None, output_final_state=False):
-        """x ``[B, T, d]`` → ``(x' [B, T, d], the mixer's final state or None)``."""
-        y, state = self.attn(self.attn_norm(x), initial_state, output_final_state)
+    def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None):
+        """x ``[B, T, d]`` → ``(x' [B, T, d], the mixer's final state or None)``.
+
+        ``initial_state``: the mixer's, ``[B, H, K, V]`` float32 or None. ``cu_seqlens``: None, or
+        int64 ``[N + 1]`` offsets of N sequences packed into one row (B = 1, FLA's convention); the
+        states are then ``[N, H, K, V]``. Only the mixer mixes tokens (the norms and the SwiGLU act on
+        each token alone, and the block has no token shift or short convolution), so passing the
+        offsets to the mixer keeps every sequence apart.
+        """
+        y, state = self.attn(self.attn_norm(x), initial_state, output_final_state, cu_seqlens=cu_seqlens)
         x = x + y
         return x + self.mlp(self.mlp_norm(x)), state
 
@@ -396,16 +411,22 @@ class GLALM(nn.Module):
         if tie_embeddings:
             self.lm_head.weight = self.embeddings.weight
 
-    def forward(self, input_ids, states=None, output_final_state=False):
+    def forward(self, input_ids, states=None, output_final_state=False, cu_seqlens=None):
         """input_ids ``[B, T]`` (integers) → ``(logits [B, T, vocab_size], states)``.
 
         ``states``: None or one ``[B, H, K, V]`` state per layer (a list, as returned with
         ``output_final_state=True``); the returned states are None unless asked for.
+        ``cu_seqlens``: None, or int64 ``[N + 1]`` offsets of N sequences packed into one row
+        (input_ids ``[1, T]``, FLA's convention): 0 = cu_seqlens[0] < … < cu_seqlens[N] = T, sequence n
+        holding tokens cu_seqlens[n] to cu_seqlens[n+1] − 1. Every layer then runs each sequence from
+        its own state, so the logits are those of each sequence run alone, and each per-layer state
+        (given or returned) is ``[N, H, K, V]``; :meth:`step` can go on decoding the N sequences as a
+        batch of N. A bad cu_seqlens raises a ValueError or TypeError naming it.
         """
         self._check_ids("input_ids", input_ids, 2, "[B, T]")
         x, new_states = self.embeddings(input_ids), []
         for layer, state in zip(self.layers, self._states(states)):
-            x, state = layer(x, state, output_final_state)
+            x, state = layer(x, state, output_final_state, cu_seqlens=cu_seqlens)
             new_states.append(state)
         return self.lm_head(self.norm(x)), (new_states if output_final_state else None)
 
