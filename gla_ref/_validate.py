@@ -2,9 +2,18 @@
 layout of packed batches (:func:`packed_layout`).
 
 Tensor checks read only metadata (``.shape``, ``.dtype``), so they cost no device sync and run
-before anything is traced or launched. The one exception is :func:`check_cu_seqlens`, which must
-read the offsets' values (see there). Value checks of the inputs (NaN, positive gates) live with
-each framework, since they need its operations.
+before anything is traced or launched. The exceptions are :func:`check_cu_seqlens`, which must
+read the offsets' values (see there), and :func:`check_gate_values`, the one home of the log-gate
+value rule (below), which reads values and so runs in the references always and in the kernels
+under ``gla_ref.device.debug(True)``. The NaN/inf checks of q, k, v and the state live with each
+framework.
+
+The log-gate rule, the same in every form and kernel: a valid log-gate is finite and ≤ 0 (a gate
+in (0, 1]). NaN, positive values (a gate given as a probability rather than its log) and -inf
+(a gate of exactly 0, a hard reset) are invalid: the references and debug mode raise a ValueError
+naming the argument and its first bad position; kernels without debug turn an invalid gate into
+NaN where they read it, so their output is never finite for it. Hard resets are refused on
+purpose: the exact way to reset the state between documents is a packed batch (``cu_seqlens``).
 
 Option rules, the same in every form and kernel:
 
@@ -156,6 +165,59 @@ def _check_gate(g, B, T, H, K, gate_ranks) -> str:
         raise ValueError(f"g must have shape {expected}, got {tuple(g.shape)}")
     _check_float("g", g)
     return shapes[rank][0]
+
+
+# ----------------------------------------------------------------------------- gate values
+
+_GATE_AXES = {1: ("h",), 3: ("b", "t", "h"), 4: ("b", "t", "h", "k")}
+
+HARD_RESET_ADVICE = ("a hard reset (gate exactly 0) is not supported: split the sequences with "
+                     "cu_seqlens")
+GATES_ARE = "log forget gates <= 0 (finite; the natural log of gates in (0, 1])"
+PROBABILITY_ADVICE = ("{name} looks like gate probabilities, not their logs: pass the natural log of "
+                      "the gate (e.g. logsigmoid(x), not sigmoid(x))")
+
+
+def _host_bool(x) -> np.ndarray:
+    """A boolean tensor (PyTorch, JAX or NumPy) as a NumPy array on the host."""
+    if hasattr(x, "detach"):  # PyTorch
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def gate_value_error(name: str, g, index: tuple, what: str = GATES_ARE, advice: bool = True) -> ValueError:
+    """The error for the invalid log-gate ``g[index]``: names the argument and the position
+    (``g[b=0, t=5, h=1, k=3]``, ``g_gamma[h=2]``), says what the value is and (``advice``) what to
+    do. ``what`` describes what ``name`` holds (an intermediate such as a cumulative gate says so,
+    without advice)."""
+    value = float(g[index])
+    axes = _GATE_AXES.get(len(index), tuple(f"dim{i}" for i in range(len(index))))
+    where = f"{name}[{', '.join(f'{a}={int(i)}' for a, i in zip(axes, index))}]"
+    head = f"{name} must hold {what}"
+    if math.isnan(value):
+        return ValueError(f"{head}, got NaN at {where}")
+    if not advice:
+        return ValueError(f"{head}, got {value:.3g} at {where}")
+    if value == -math.inf:
+        return ValueError(f"{head}, got -inf at {where}: {HARD_RESET_ADVICE}")
+    return ValueError(f"{head}, got {value:.3g} > 0 at {where}: {PROBABILITY_ADVICE.format(name=name)}")
+
+
+def check_gate_values(name: str, g, what: str = GATES_ARE, advice: bool = True) -> None:
+    """Raise :func:`gate_value_error` for the first invalid entry of the log-gate ``g``, if any.
+
+    ``g`` is a PyTorch tensor, a concrete JAX array or a NumPy array; valid means finite and
+    ≤ 0 (NaN, positive values and -inf are invalid). The test runs where g lives; reading its
+    result is one device sync (a second one, and a host copy of the mask, only when g is bad).
+    """
+    if g is None:
+        return
+    bad = ~((g <= 0) & (g > -math.inf))  # NaN fails both comparisons
+    if not bool(bad.any()):
+        return
+    mask = _host_bool(bad)
+    index = np.unravel_index(int(np.argmax(mask)), mask.shape)
+    raise gate_value_error(name, g, tuple(int(i) for i in index), what, advice)
 
 
 # ----------------------------------------------------------------------------- options

@@ -129,11 +129,23 @@ def _tpu_kind() -> str:
 
 
 def debug(enabled: bool = True):
-    """Turn the kernels' value checks (NaN/inf inputs, positive log-gates) on or off, in this context.
+    """Turn the kernels' value checks (NaN/inf inputs, invalid log-gates) on or off, in this context.
 
-    The checks need a device sync, so they are off by default. The switch is a context variable:
-    each thread has its own (a new thread starts with it off), and an asyncio task starts with its
-    creator's value and keeps its own changes to itself. Two forms:
+    The checks need a device sync, so they are off by default. What they check: q, k, v and the
+    initial state are finite, and every log-gate (``g``, ``g_gamma``) is valid, that is finite and
+    ≤ 0. NaN, a positive value (a gate passed as a probability instead of its log) and -inf (a gate
+    of exactly 0, a hard reset: not supported anywhere, split the sequences with ``cu_seqlens``)
+    raise the references' ValueError, naming the argument and its first bad position
+    (``g[b=0, t=5, h=1, k=3]``; :func:`gla_ref._validate.check_gate_values`). Without debug a
+    kernel does not look, but never returns a finite answer for an invalid gate either: it turns
+    the gate into NaN where it reads it, at no extra memory traffic, so every output row of its
+    sequence and head from that token on (a chunked kernel may start at the chunk's first row),
+    the final state's rows of its key channel and the gradients come out NaN. The references
+    check always. Under ``jax.jit`` values are not known, so the Pallas kernels can only give NaN.
+
+    The switch is a context variable: each thread has its own (a new thread starts with it off),
+    and an asyncio task starts with its creator's value and keeps its own changes to itself. Two
+    forms:
 
     * ``gla_ref.device.debug(True)``, a plain call, sets it at once for the rest of the current
       context, until the next call (in Jupyter it lasts into the following cells, except with

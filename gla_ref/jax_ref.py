@@ -5,8 +5,9 @@
 Function by function this module mirrors torch_ref (same names, signatures and steps), written
 with ``jax.numpy`` only. Every form is jittable (chunk and token loops are ``lax.scan``) and
 differentiable. Float64 needs x64 enabled by the caller (``with jax.enable_x64(True):``); this
-module never turns it on. Value checks (NaN/inf, positive gates) run when the values are concrete
-and are skipped while ``jit``/``vmap`` traces them. Matmuls ask for ``Precision.HIGHEST`` so the
+module never turns it on. Value checks (NaN/inf, invalid gates) run when the values are concrete
+and are skipped while ``jit``/``vmap`` traces them; a traced gate that is invalid (NaN, > 0, -inf)
+is turned into NaN instead, as the kernels do, so it never gives a finite answer. Matmuls ask for ``Precision.HIGHEST`` so the
 references stay float32-exact on GPU/TPU too.
 
 Packed batches: the four forms take ``cu_seqlens``, FLA's offsets ``[N + 1]`` of N sequences
@@ -24,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from gla_ref._validate import (_check_gate, check_chunk_sizes, check_flag, check_inputs, check_scale,
-                               packed_layout)
+from gla_ref._validate import (_check_gate, check_chunk_sizes, check_flag, check_gate_values,
+                               check_inputs, check_scale, packed_layout)
 
 __all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level", "expand_gate"]
 
@@ -62,15 +63,14 @@ def _concrete(x):
 
 
 def _check_values(**arrays):
-    """NaN/inf in any input, or a positive log-gate, is a ValueError naming the argument."""
+    """NaN/inf in any input is a ValueError naming the argument; the log-gate ``g`` must be finite
+    and ≤ 0 (:func:`gla_ref._validate.check_gate_values`: the message names its first bad position).
+    Skipped for values that jit/vmap traces (no value to read)."""
     values = {name: _concrete(x) for name, x in arrays.items() if x is not None}
+    check_gate_values("g", values.get("g"))
     for name, x in values.items():
-        if x is not None and not np.isfinite(x).all():
+        if name != "g" and x is not None and not np.isfinite(x).all():
             raise ValueError(f"{name} contains NaN or inf values")
-    g = values.get("g")
-    if g is not None and (g > 0).any():
-        raise ValueError(f"g must hold log forget gates <= 0 (gates in (0, 1]), "
-                         f"got a maximum of {g.max():.3g}")
 
 
 def _check_sub_chunk_size(chunk_size, sub_chunk_size):
@@ -99,6 +99,8 @@ def _checked(q, k, v, g, scale, initial_state, cu_seqlens=None):
                         cu_seqlens_dtypes=("int32", "int64"))
     scale = check_scale(scale, dims.K)
     _check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    if g is not None and _concrete(g) is None:  # traced by jit: unchecked, so an invalid gate gives NaN
+        g = jnp.where((g <= 0) & (g > -jnp.inf), g, jnp.nan)
     g = expand_gate(g, dims.B, dims.T, dims.H, dims.K)
     offsets = None if cu_seqlens is None else cu_seqlens.tolist()
     if initial_state is None:  # an empty state: every form then has one code path
@@ -232,6 +234,8 @@ def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fin
         g: natural-log forget gates, finite and ≤ 0. Its shape picks the model: None (no decay:
             linear attention), ``[H]`` (one constant decay per head, RetNet), ``[B, T, H]`` (one gate
             per token and head, simple GLA / Mamba-2) or ``[B, T, H, K]`` (GLA: one per key feature).
+            NaN, a positive value or -inf (a hard reset, gate 0: split the sequences with
+            cu_seqlens instead) is a ValueError naming its first position ``(b, t, h[, k])``.
         scale: multiplies q; a finite real Python or NumPy scalar, default ``K ** -0.5``.
         initial_state: S_0, ``[B, H, K, V]`` float32 or float64 (``[N, H, K, V]`` with
             cu_seqlens), or None for zeros.
@@ -251,7 +255,8 @@ def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fin
 
     Raises:
         ValueError or TypeError naming the argument, before any math: bad shapes, dtypes, options
-        or offsets, empty sizes, and (when the values are concrete) NaN/inf inputs or a positive gate.
+        or offsets, empty sizes, and (when the values are concrete) NaN/inf inputs or an invalid
+        gate (NaN, > 0, -inf).
     """
     check_flag("output_final_state", output_final_state)
     o, S = _run(_recurrent_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens))

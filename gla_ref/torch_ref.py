@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gla_ref._validate import (_check_gate, check_chunk_sizes, check_flag, check_inputs, check_scale,
-                               packed_layout)
+from gla_ref._validate import (_check_gate, check_chunk_sizes, check_flag, check_gate_values,
+                               check_inputs, check_scale, packed_layout)
 
 __all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level",
            "parallel_gla_naive", "chunk_gla_direct", "expand_gate"]
@@ -47,14 +47,12 @@ def expand_gate(g, B, T, H, K, *, dtype=torch.float32, device=None):
 
 
 def _check_values(**tensors):
-    """NaN/inf in any input, or a positive log-gate, is a ValueError naming the argument."""
+    """NaN/inf in any input is a ValueError naming the argument; the log-gate ``g`` must be finite
+    and ≤ 0 (:func:`gla_ref._validate.check_gate_values`: the message names its first bad position)."""
+    check_gate_values("g", tensors.get("g"))
     for name, x in tensors.items():
-        if x is not None and not bool(torch.isfinite(x).all()):
+        if name != "g" and x is not None and not bool(torch.isfinite(x).all()):
             raise ValueError(f"{name} contains NaN or inf values")
-    g = tensors.get("g")
-    if g is not None and bool((g > 0).any()):
-        raise ValueError(f"g must hold log forget gates <= 0 (gates in (0, 1]), "
-                         f"got a maximum of {g.max().item():.3g}")
 
 
 def _check_sub_chunk_size(chunk_size, sub_chunk_size):
@@ -206,6 +204,8 @@ def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fin
         g: natural-log forget gates, finite and ≤ 0. Its shape picks the model: None (no decay:
             linear attention), ``[H]`` (one constant decay per head, RetNet), ``[B, T, H]`` (one gate
             per token and head, simple GLA / Mamba-2) or ``[B, T, H, K]`` (GLA: one per key feature).
+            NaN, a positive value or -inf (a hard reset, gate 0: split the sequences with
+            cu_seqlens instead) is a ValueError naming its first position ``(b, t, h[, k])``.
         scale: multiplies q; a finite real Python or NumPy scalar, default ``K ** -0.5``.
         initial_state: S_0, ``[B, H, K, V]`` float32 or float64 (``[N, H, K, V]`` with
             cu_seqlens), or None for zeros.
@@ -222,7 +222,7 @@ def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fin
 
     Raises:
         ValueError or TypeError naming the argument, before any math: bad shapes, dtypes, options
-        or offsets, empty sizes, NaN/inf inputs, a positive gate.
+        or offsets, empty sizes, NaN/inf inputs, an invalid gate (NaN, > 0, -inf).
     """
     check_flag("output_final_state", output_final_state)
     o, S = _run(_recurrent_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens))

@@ -30,12 +30,16 @@ CASES = [  # (case, change to the good float32 inputs, error type, message patte
     ("v-int", dict(v=np.zeros((B, T, H, V), np.int32)), TypeError, r"^v must have a floating dtype"),
     ("g-int", dict(g=np.zeros((B, T, H, K), np.int32)), TypeError, r"^g must have a floating dtype"),
     ("k-fp16", dict(k=np.zeros((B, T, H, K), np.float16)), TypeError, r"^q, k, v must share one dtype"),
-    ("g-positive", dict(g=np.full((B, T, H), 0.1)), ValueError, r"^g must hold log forget gates <= 0"),
+    ("g-positive", dict(g=np.full((B, T, H), 0.1)), ValueError,
+     r"^g must hold log forget gates <= 0 .*got 0.1 > 0 at g\[b=0, t=0, h=0\]: g looks like gate probabilities"),
+    ("g-nan", {"g": "poison"}, ValueError, r"^g must hold log forget gates <= 0 .*got NaN at g\[b=0, t=0, h=0, k=3\]$"),
+    ("g-inf", {"g": "poison"}, ValueError,  # -inf: a hard reset
+     r"^g must hold log forget gates <= 0 .*got -inf at g\[b=0, t=0, h=0, k=3\]: a hard reset .*cu_seqlens"),
     ("scale-nan", dict(scale=float("nan")), ValueError, r"^scale must be finite"),
     ("scale-str", dict(scale="0.5"), TypeError, r"^scale must be a real number or None"),
-] + [  # NaN or inf in each input
+] + [  # NaN or inf in each input but the gate (above)
     (f"{name}-{bad}", {name: "poison"}, ValueError, rf"^{name} contains NaN or inf")
-    for name in ("q", "k", "v", "g", "initial_state") for bad in ("nan", "inf")
+    for name in ("q", "k", "v", "initial_state") for bad in ("nan", "inf")
 ]
 
 
