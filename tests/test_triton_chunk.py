@@ -174,11 +174,13 @@ def test_debug_mode_checks_values(case, no_launch):
 
 
 def test_values_unchecked_without_debug():
-    """No device sync by default: a positive gate is not looked for, the kernels just run."""
-    q, g, h0, _ = POISONED["positive-g"]
+    """No device sync by default: a positive gate is not looked for on the host, but the cumsum
+    kernel turns it into NaN (tests/test_gate_contract.py has every kernel and invalid value)."""
+    q, g, h0, _ = POISONED["positive-g"]  # g[0, 2, 0, 3] = 0.5
     assert not device.is_debug()
-    o, _ = chunk_gla(q, CLEAN["k"], CLEAN["v"], g, initial_state=h0, chunk_size=16)
+    o, ht = chunk_gla(q, CLEAN["k"], CLEAN["v"], g, initial_state=h0, chunk_size=16, output_final_state=True)
     assert o.shape == CLEAN["v"].shape
+    assert torch.isnan(o[0, 2:, 0]).all() and torch.isnan(ht[0, 0, 3]).all()
 
 
 # ----------------------------------------------------------------------------- backward steps: dA, intra-chunk dq/dk

@@ -11,6 +11,11 @@ writes gc once (float32). The same kernel serves the GLA gate ``[B, T, H, K]`` a
 ``[B, T, H]`` (D = 1). Packed batch (``varlen``): grid ``(⌈D/BD⌉, NT, H)`` over the NT chunks of all
 sequences, each program reading its row of the chunk table (8 bytes) and cu_seqlens (16 bytes);
 a chunk never crosses a sequence end, so gc restarts at every sequence's first token.
+
+This is the one kernel of chunk GLA (and of chunk_simple_gla) that reads g, so it is where an
+invalid log-gate (NaN, > 0, -inf; :mod:`gla_ref._validate`) becomes NaN
+(:func:`gla_ref.triton._gates.valid_gate`): every later step then carries it to o, the states and
+the gradients, at no extra traffic.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import block, num_chunks, varlen_args
+from gla_ref.triton._gates import valid_gate
 from gla_ref.triton._tiles import program_chunk, token_base
 
 
@@ -33,7 +39,7 @@ def chunk_cumsum_kernel(g, gc, cu_seqlens, chunk_indices, T, H: tl.constexpr, D:
     o_d = i_d * BD + tl.arange(0, BD)
     offs = token_base(bos, i_h, H, D) + t[:, None] * (H * D) + o_d[None, :]
     mask = (t < T)[:, None] & (o_d < D)[None, :]
-    b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
+    b_g = valid_gate(tl.load(g + offs, mask=mask, other=0.0).to(tl.float32))  # invalid gates: NaN
     tl.store(gc + offs, tl.cumsum(b_g, axis=0), mask=mask)
 
 

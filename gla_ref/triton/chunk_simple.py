@@ -49,6 +49,7 @@ from gla_ref.triton._common import (
     refuse_interpreted_bf16,
     varlen_args,
 )
+from gla_ref.triton._gates import invalid_to_nan
 from gla_ref.triton._tiles import (
     block_range,
     chunk_state_offset,
@@ -195,10 +196,12 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         q, k, v = (x.contiguous() for x in (q, k, v))
         B, T, H, K = q.shape
         g_total = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
+        # invalid gates become NaN in the cumsum kernel; before the sum, g_gamma (H values) and, when
+        # both are given, g are made NaN here, so an invalid one cannot hide in a valid sum (0.05 - 0.1)
         if g is not None:
-            g_total += g
+            g_total += g if g_gamma is None else invalid_to_nan(g)
         if g_gamma is not None:
-            g_total += g_gamma.detach().float()
+            g_total += invalid_to_nan(g_gamma.detach().float())
         h0 = None if initial_state is None else initial_state.contiguous()
         gc = chunk_local_cumsum(g_total, chunk_size, varlen)
         h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size, varlen)
@@ -267,7 +270,11 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
     float32 or None; ``chunk_size`` in 16/32/64; ``cu_seqlens`` None or int64 ``[N + 1]`` offsets
     of a packed batch (B = 1, states ``[N, H, K, V]``). Dtypes, packed batches and the returned
     ``(o, final_state)`` are as in :func:`gla_ref.triton.chunk.chunk_gla`. Gradients flow to q, k,
-    v, g, g_gamma (the gate gradient summed over batch and tokens) and initial_state.
+    v, g, g_gamma (the gate gradient summed over batch and tokens) and initial_state. Valid g and
+    g_gamma are finite and ≤ 0: an invalid value (NaN, > 0, or -inf, a hard reset: split the
+    sequences with cu_seqlens) makes o and the final state NaN, or, under
+    ``gla_ref.device.debug(True)``, raises a ValueError naming its position. g_gamma, though tiny,
+    is not checked on the host without debug (a device sync on every call): it follows g's NaN rule.
     """
     chunk_size = check_chunk_size(chunk_size)
     dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(None, 3), cu_seqlens=cu_seqlens,

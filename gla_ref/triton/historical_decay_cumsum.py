@@ -10,7 +10,8 @@ chunks nothing is carried (each program is independent), which is why b only eve
 
 The original walked the 16 rows with a running vector ``s ← s + g / ln 2``; ``tl.cumsum`` is that
 same scan over the tile. Grid ``(⌈K/BK⌉, ⌈T/16⌉, B·H)``; HBM: g read once, b written once (float32,
-the size of g).
+the size of g). An invalid gate (NaN, > 0, -inf) becomes NaN as it is read
+(:func:`gla_ref.triton._gates.valid_gate`), so the later steps return NaN for it, never a finite value.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune, autotune_configs
+from gla_ref.triton._gates import valid_gate
 
 
 @autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]), ["K", "BK", "T_BUCKET"])
@@ -32,7 +34,7 @@ def decay_cumsum_kernel(g, b, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr, BT:
     o_k = i_k * BK + tl.arange(0, BK)
     offs = (i_b * T * H + i_h) * K + rows[:, None] * (H * K) + o_k[None, :]
     mask = (rows < T)[:, None] & (o_k < K)[None, :]
-    b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32) * 1.4426950408889634  # 1 / ln 2
+    b_g = valid_gate(tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)) * 1.4426950408889634  # 1 / ln 2
     tl.store(b + offs, tl.cumsum(b_g, axis=0), mask=mask)
 
 

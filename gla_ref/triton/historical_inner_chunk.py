@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune, autotune_configs
+from gla_ref.triton._gates import at_most_zero
 
 
 @autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (4, 2, 8)]), ["K", "BK", "T_BUCKET"])
@@ -44,8 +45,9 @@ def inner_chunk_kernel(q, k, b, A, scale, T, T_BUCKET, B, H: tl.constexpr, K: tl
         b_qi = tl.load(q + head + t * (H * K) + o_k, mask=m_i, other=0.0).to(tl.float32) * scale
         b_bi = tl.load(b + head + t * (H * K) + o_k, mask=m_i, other=0.0)
         causal = o_t <= i
-        # exponent b_i − b_j masked before exp2, and clamped: the scan may round it a bit above 0
-        d = tl.where(causal[:, None], tl.minimum(b_bi[None, :] - b_b, 0.0), 0.0)
+        # exponent b_i − b_j masked before exp2, and capped at 0 (the scan may round it a bit above
+        # 0) by a where that keeps the NaN of an invalid gate (tl.minimum would return 0 for it)
+        d = tl.where(causal[:, None], at_most_zero(b_bi[None, :] - b_b), 0.0)
         s = tl.sum(b_qi[None, :] * b_k * tl.exp2(d), axis=1)
         tl.store(p_A + i * BT + o_t, tl.where(causal, s, 0.0))
 

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune, autotune_configs
+from gla_ref.triton._gates import at_most_zero
 
 
 @autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]), ["K", "BK", "T_BUCKET"])
@@ -38,8 +39,9 @@ def prepare_qg_kg_kernel(q, k, b, qg, kg, scale, T, T_BUCKET, H: tl.constexpr, K
     last = tl.minimum(i_n * BT + BT - 1, T - 1).to(tl.int64)  # padded rows would repeat this row
     b_last = tl.load(b + head + last * (H * K) + o_k, mask=o_k < K, other=0.0)
     b_q = tl.load(q + offs, mask=mask, other=0.0).to(tl.float32) * tl.exp2(b_b) * scale
-    # b_last − b is ≤ 0 up to rounding of the scan: clamp so no positive exponent is evaluated
-    b_k = tl.load(k + offs, mask=mask, other=0.0).to(tl.float32) * tl.exp2(tl.minimum(b_last[None, :] - b_b, 0.0))
+    # b_last − b is ≤ 0 up to rounding of the scan: cap it so no positive exponent is evaluated,
+    # keeping the NaN of an invalid gate (tl.minimum would return 0 for it)
+    b_k = tl.load(k + offs, mask=mask, other=0.0).to(tl.float32) * tl.exp2(at_most_zero(b_last[None, :] - b_b))
     tl.store(qg + offs, b_q.to(qg.dtype.element_ty), mask=mask)
     tl.store(kg + offs, b_k.to(kg.dtype.element_ty), mask=mask)
 
