@@ -7,12 +7,15 @@ CPU: Pallas runs in its interpreter, float32, tiny sizes (d = 32, H = 2; T = 19)
 
 from __future__ import annotations
 
+import inspect
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 from flax import nnx
 
+from gla_ref import pallas
 from gla_ref.layers import config
 from gla_ref.layers import flax as lf
 from gla_ref.layers import torch as lt
@@ -182,3 +185,102 @@ def test_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
         call()
 
+
+
+# ----------------------------------------------------------------------------- packed sequences (cu_seqlens)
+
+PACKED = [13, 1, 6]  # no length a multiple of a chunk (16, 64), one a single token; short, as XLA compiles per shape
+CU = np.cumsum([0, *PACKED])
+
+
+def _packed_inputs(layer, lengths=PACKED, seed=2):
+    """Per-sequence inputs ``[1, n, d]``, initial states ``[N, H, K, V]`` and cotangents for y and the states."""
+    _, H_, K, V = layer.dims
+    rng, N = np.random.default_rng(seed), len(lengths)
+    xs = [_x(T=n, batch=1, seed=seed + i) for i, n in enumerate(lengths)]
+    h0 = rng.standard_normal((N, H_, K, V)).astype(np.float32)
+    cot_y = rng.standard_normal((1, sum(lengths), D)).astype(np.float32)
+    cot_S = rng.standard_normal((N, H_, K, V)).astype(np.float32)
+    return xs, h0, cot_y, cot_S
+
+
+def _flat(grads):
+    return {".".join(map(str, path)): g[...] for path, g in nnx.to_flat_state(grads)}
+
+
+@pytest.mark.parametrize("variant", ["gla-layer", "simple"])  # gates [B, T, H, K] and [H]
+def test_packed_sequences_equal_each_sequence_alone(variant):
+    """cu_seqlens on the reference backend, under nnx.jit with the offsets closed over: y, the final
+    states and the gradients of every parameter and of the initial states equal those of the sequences
+    run one by one (B = 1 each). Every variant, forward: packed against PyTorch's packed layer below
+    (which tests/test_layers_torch.py checks against each sequence alone)."""
+    _, layer = _flax_from_torch(variant)
+    xs, h0, cot_y, cot_S = _packed_inputs(layer)
+
+    def packed(model, h0):
+        y, S = model(jnp.concatenate(xs, 1), initial_state=h0, output_final_state=True, cu_seqlens=CU)
+        return jnp.sum(y * cot_y) + jnp.sum(S * cot_S), (y, S)
+
+    def alone(model, h0):
+        runs = [model(x, initial_state=h0[n:n + 1], output_final_state=True) for n, x in enumerate(xs)]
+        y, S = jnp.concatenate([r[0] for r in runs], 1), jnp.concatenate([r[1] for r in runs], 0)
+        return jnp.sum(y * cot_y) + jnp.sum(S * cot_S), (y, S)
+
+    # jitted whole (the offsets set shapes, so they are a closed-over constant): one compilation per function
+    results = [nnx.jit(nnx.grad(f, argnums=(0, 1), has_aux=True))(layer, jnp.asarray(h0)) for f in (packed, alone)]
+    ((dw, dh0), (y, S)), ((dw_1, dh0_1), (y_1, S_1)) = results
+    assert y.shape == (1, sum(PACKED), D) and S.shape[0] == len(PACKED)
+    assert_close("y", y_1, y, TOL)
+    assert_close("final states", S_1, S, TOL)
+    assert_close("dinitial_state", dh0_1, dh0, TOL)
+    dw, dw_1 = _flat(dw), _flat(dw_1)
+    assert dw.keys() == dw_1.keys() == set(lf.state_dict(layer))
+    for name, g in dw_1.items():
+        assert float(jnp.abs(g).sum()) > 0, f"{name} gets no gradient"
+        assert_close(f"d{name}", g, dw[name], TOL)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_packed_same_weights_same_function_as_pytorch(variant):
+    """One packed row of three sequences (int64 offsets in both frameworks) from the same initial states."""
+    tl, fl = _flax_from_torch(variant)
+    xs, h0, _, _ = _packed_inputs(fl)
+    x = np.concatenate(xs, 1)
+    with torch.no_grad():
+        y_t, S_t = tl(torch.from_numpy(x), initial_state=torch.from_numpy(h0), output_final_state=True,
+                      cu_seqlens=torch.from_numpy(CU))
+    y_f, S_f = fl(jnp.asarray(x), initial_state=jnp.asarray(h0), output_final_state=True, cu_seqlens=CU)
+    assert_close("y", y_t, y_f, TOL)
+    assert_close("final states", S_t, S_f, TOL)
+
+
+@pytest.mark.parametrize("variant, backend", [("gla-layer", "chunk"), ("gla-layer", "fused_chunk"),
+                                              ("simple", "chunk")])
+def test_pallas_backend_with_cu_seqlens(variant, backend):
+    """A Pallas kernel without cu_seqlens is refused with an error that says so, before any math; one
+    that takes it must match the reference."""
+    _, ref = _flax_from_torch(variant)
+    _, layer = _flax_from_torch(variant, backend)
+    x = jnp.asarray(np.concatenate(_packed_inputs(layer)[0], 1))
+    if "cu_seqlens" in inspect.signature(getattr(pallas, layer._kernel_name())).parameters:
+        assert_close("y", ref(x, cu_seqlens=CU)[0], layer(x, cu_seqlens=CU)[0], TOL)
+    else:
+        with pytest.raises(ValueError, match=f"cu_seqlens .* not supported by backend='{backend}'.*"
+                                             "use backend='reference'"):
+            layer(x, cu_seqlens=CU)
+
+
+@pytest.mark.parametrize("x, cu, error, match", [
+    ((1, 20), [0, 13, 14, 19], ValueError, "cu_seqlens must start at 0 and end at T = 20"),
+    ((1, 20), [0, 13, 13, 20], ValueError, "cu_seqlens must increase strictly"),
+    ((2, 10), [0, 4, 10], ValueError, "cu_seqlens needs one packed sequence batch, B = 1"),
+    ((1, 20), [0.0, 20.0], TypeError, "cu_seqlens must be"),
+])
+def test_packed_bad_cu_seqlens(x, cu, error, match):
+    with pytest.raises(error, match=match):
+        _LAYER(jnp.zeros((*x, D)), cu_seqlens=np.asarray(cu))
+
+
+def test_packed_initial_state_is_one_per_sequence():
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[N, H, K, V\]"):
+        _LAYER(jnp.zeros((1, 20, D)), initial_state=jnp.zeros((1, H, 8, 16)), cu_seqlens=CU)

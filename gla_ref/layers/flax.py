@@ -10,14 +10,21 @@ Parameter names and shapes are PyTorch's (a :class:`Linear` keeps its weight as 
 ``Layer.from_state_dict(torch_layer.state_dict(), **same_config)`` gives a layer that computes the
 same function, and :func:`state_dict` goes back. Constant decays are :class:`Buffer` variables, not
 parameters (``nnx.grad`` leaves them alone), as the PyTorch layers keep them in non-persistent buffers.
-``__call__(x, initial_state=None, output_final_state=False) -> (y, state)`` runs a chunkwise form;
-``step(x_t, state) -> (y_t, state)`` applies the closed-form one-token update in ``jax.numpy``.
-Shapes: x ``[B, T, d]``, x_t ``[B, d]``, states ``[B, H, K, V]`` float32.
+``__call__(x, initial_state=None, output_final_state=False, cu_seqlens=None) -> (y, state)`` runs a
+chunkwise form; ``step(x_t, state) -> (y_t, state)`` applies the closed-form one-token update in
+``jax.numpy``. Shapes: x ``[B, T, d]``, x_t ``[B, d]``, states ``[B, H, K, V]`` float32.
+
+Packed sequences: ``cu_seqlens``, FLA's offsets ``[N + 1]`` of N sequences packed into one row
+(B = 1; int64, or int32 as JAX makes it without x64), runs each sequence as if alone, with states
+``[N, H, K, V]``, on the ``"reference"`` backend (:mod:`gla_ref.jax_ref`). The offsets set shapes,
+so they must be concrete (close over them in a ``jit``). The Pallas kernels take no packed batch
+yet: a Pallas backend given cu_seqlens raises a ValueError that says so.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -164,11 +171,28 @@ class _TokenMixer(nnx.Module):
     """``__call__`` (a chunkwise form), ``step`` (the recurrence) and ``from_state_dict``, shared by both
     layers; a subclass sets ``self.dims = (d, H, K, V)`` and defines ``_heads``, ``_mix``, ``_out``."""
 
-    def __call__(self, x, initial_state=None, output_final_state=False):
-        """x ``[B, T, d]`` → ``(y [B, T, d], final_state [B, H, K, V] float32 or None)``."""
+    def __call__(self, x, initial_state=None, output_final_state=False, cu_seqlens=None):
+        """x ``[B, T, d]`` → ``(y [B, T, d], final_state [B, H, K, V] float32 or None)``.
+
+        ``initial_state`` ``[B, H, K, V]`` float32 or None for zeros. ``cu_seqlens``: None, or
+        int64/int32 offsets ``[N + 1]`` of N sequences packed into one row (x ``[1, T, d]``, FLA's
+        convention), 0 = cu_seqlens[0] < … < cu_seqlens[N] = T, concrete (a NumPy or JAX array from
+        outside ``jit``); each sequence is mixed from its own first token and its own row of
+        ``initial_state``, both states being then ``[N, H, K, V]`` float32. The ``"reference"``
+        backend takes it; a Pallas backend whose kernel takes no cu_seqlens (none does yet) raises a
+        ValueError saying so. A bad cu_seqlens is a ValueError or TypeError naming it.
+        """
         _check_array("x", x, "[B, T, d]", 3, self.dims[0], self._dtype())
+        kernel = self._kernel_name()
+        if cu_seqlens is not None and kernel is not None and \
+                "cu_seqlens" not in inspect.signature(_pallas(kernel)).parameters:
+            raise ValueError(f"cu_seqlens (a packed batch) is not supported by backend={self.sizes.backend!r}: "
+                             f"the Pallas kernel gla_ref.pallas.{kernel} takes no cu_seqlens; use "
+                             f"backend='reference' for packed sequences, or pad them into a batch")
         q, k, v, g = self._heads(x)
-        o, state = self._mix(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state)
+        packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+        o, state = self._mix(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state,
+                             **packed)
         return self._out(x, o), state
 
     def step(self, x_t, state=None):
@@ -248,12 +272,16 @@ class GatedLinearAttention(_TokenMixer):
         v = self.v_proj(x).reshape(*x.shape[:-1], s.H, s.V)
         return q, k, v, self.log_gate(x)
 
+    def _kernel_name(self):
+        """The name of the backend's :mod:`gla_ref.pallas` function, or None for ``"reference"``."""
+        return None if self.sizes.backend == "reference" else KERNELS[self.sizes.backend]
+
     def _mix(self, q, k, v, g, **kw):
         if self.sizes.backend == "reference":
             return jax_ref.chunk_gla(q, k, v, g, **kw)
         if g is None or g.ndim != 4:
             g = jax_ref.expand_gate(g, *q.shape)
-        return _pallas(KERNELS[self.sizes.backend])(q, k, v, g, **kw)
+        return _pallas(self._kernel_name())(q, k, v, g, **kw)
 
     def _out(self, x, o):
         s = self.sizes
@@ -288,10 +316,14 @@ class SimpleGatedLinearAttention(_TokenMixer):
             q, k = self.query_layernorm(q), self.key_layernorm(k)
         return q, k, v, self.g_gamma[...]
 
+    def _kernel_name(self):
+        """The name of the backend's :mod:`gla_ref.pallas` function, or None for ``"reference"``."""
+        return None if self.sizes.backend == "reference" else "chunk_simple_gla"
+
     def _mix(self, q, k, v, g, **kw):
         if self.sizes.backend == "reference":
             return jax_ref.chunk_gla(q, k, v, g, **kw)
-        return _pallas("chunk_simple_gla")(q, k, v, g_gamma=g, **kw)
+        return _pallas(self._kernel_name())(q, k, v, g_gamma=g, **kw)
 
     def _out(self, x, o):
         o = self.g_norm(o.reshape(*o.shape[:-2], -1))
