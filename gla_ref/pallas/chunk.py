@@ -34,7 +34,14 @@ from gla_ref.pallas import chunk_math, gpu, tpu
 
 __all__ = ["chunk_gla"]
 
-MAX_DIM = 256
+MAX_K = 256
+"""Largest K: the kernels hold a chunk's whole (padded) K in one block, ``[C, K]``, and states as
+``[BV, K]`` float32 blocks (TPU: 128 × 256, 128 KiB of VMEM; GPU: 64 × 256)."""
+MAX_V = 4096
+"""Largest V, as in the Triton kernels (:data:`gla_ref.triton._common.MAX_V`): both launchers tile V
+(TPU blocks of 128 values, GPU blocks of 64, one program each), so no block grows with V; only
+the HBM arrays do (the non-fused path's states, ``4·K·V`` bytes per chunk and head, and the
+per-value-block float32 partials of dq and dk, ``4·⌈V/BV⌉·T·K`` per head)."""
 KERNEL_DTYPES = ("float32", "bfloat16")
 LAUNCHERS = {"tpu": tpu, "gpu": gpu}
 HIGHEST = Precision.HIGHEST
@@ -51,6 +58,14 @@ class Plan(NamedTuple):
 
 
 # ---------------------------------------------------------------- checks and choices
+
+def check_head_dims(K: int, V: int) -> None:
+    """K (of q and k) at most :data:`MAX_K`, V (of v) at most :data:`MAX_V`: a ValueError naming them."""
+    if K > MAX_K:
+        raise ValueError(f"q, k: head dim K={K} must be at most {MAX_K} for the Pallas kernels")
+    if V > MAX_V:
+        raise ValueError(f"v: head dim V={V} must be at most {MAX_V} for the Pallas kernels")
+
 
 def check_options(q, k, v, scale, chunk_size, output_final_state):
     """Kernel-specific checks: dtypes, chunk size, scale, flags (shapes are checked by check_inputs).
@@ -197,7 +212,8 @@ def _gate_grad(q, k, dq, dk, g, ht, dht, C):
 def checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size, launcher,
                 interpret, *, fused):
     """Validate a public call's arguments, plan it and run it (shared by both public paths)."""
-    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(4,), max_dim=MAX_DIM)
+    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(4,))
+    check_head_dims(dims.K, dims.V)
     scale, chunk_size, output_final_state = check_options(q, k, v, scale, chunk_size, output_final_state)
     check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
     plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=fused,
@@ -234,7 +250,7 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
     """GLA with the non-fused Pallas kernels: states entering each chunk are written to HBM.
 
     Args:
-        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (float32 or bfloat16, K and V at most 256).
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (float32 or bfloat16; K ≤ 256, V ≤ 4096).
         g: log forget gates ``[B, T, H, K]`` (≤ 0).
         scale: query scale, default ``K ** -0.5``.
         initial_state: optional ``[B, H, K, V]`` float32 state.

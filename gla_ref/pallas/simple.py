@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from gla_ref._validate import check_inputs, dtype_name
-from gla_ref.pallas.chunk import MAX_DIM, check_options, check_values, make_plan, run
+from gla_ref.pallas.chunk import check_head_dims, check_options, check_values, make_plan, run
 
 __all__ = ["chunk_simple_gla"]
 
@@ -46,8 +46,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
         raise ValueError("pass exactly one of g ([B, T, H] log-gates) and g_gamma ([H] log-decays)")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(3,) if g is not None else (None,),
-                        max_dim=MAX_DIM)
+    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(3,) if g is not None else (None,))
+    check_head_dims(dims.K, dims.V)
     if g_gamma is not None:
         _check_g_gamma(g_gamma, dims.H)
     scale, chunk_size, output_final_state = check_options(q, k, v, scale, chunk_size, output_final_state)

@@ -90,7 +90,7 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
     q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H, K]`` log forget gates (≤ 0), all on
     one CUDA device (or CPU under Triton's interpreter); q, k, v share a dtype: float32, float16 or
     bfloat16 on a GPU, float32 or float16 on a CPU (the interpreter's bf16 matmul is wrong, so bf16
-    is refused there). ``initial_state`` ``[B, H, K, V]`` float32 or None. K, V ≤ 256;
+    is refused there). ``initial_state`` ``[B, H, K, V]`` float32 or None. K ≤ 256, V ≤ 4096;
     ``chunk_size`` C in 16/32/64, with sub-chunks of 16. ``cu_seqlens``: None, or int64 ``[N + 1]``
     offsets of N sequences packed in a batch with B = 1 (FLA's convention; read on the host, one
     sync), each chunked and run from its own start; states are then ``[N, H, K, V]``. Returns

@@ -23,11 +23,13 @@ factors stays within a few c ulps of exp(gc_i − gc_j) (or underflows where tha
 (In the kernel's code, ``s`` is the loop's key column and ``j`` its column within the tile.)
 
 Grid ``(C/c, ⌈T/C⌉, B·H)``: a program owns the c × C row strip of A of one query sub-chunk (its
-tiles left of the diagonal, the diagonal tile, zeros right of it). HBM: the strip's q and gc rows,
-k and gc rows of sub-chunks [u], u ≤ s (the earlier ones shared in L2 with the strip's neighbours), A
-written once in float32 with zeros above the diagonal. Packed batch (``varlen``): grid
-``(C/c, NT, H)`` over the NT chunks of all sequences, each program reading its row of the chunk
-table and the two offsets of its sequence; rows past a sequence's end are neither read nor written.
+tiles left of the diagonal, the diagonal tile, zeros right of it), with the whole K (≤ 256, padded
+to a power of two) in one block: every entry of A is a sum over all K, and A does not involve V.
+HBM: the strip's q and gc rows, k and gc rows of sub-chunks [u], u ≤ s (the earlier ones shared in
+L2 with the strip's neighbours), A written once in float32 with zeros above the diagonal. Packed
+batch (``varlen``): grid ``(C/c, NT, H)`` over the NT chunks of all sequences, each program reading
+its row of the chunk table and the two offsets of its sequence; rows past a sequence's end are
+neither read nor written.
 """
 
 from __future__ import annotations

@@ -12,10 +12,14 @@ are copied first) allocates exactly:
 - backward: dq and dk, ``s·B·T·H·K`` each; dv, ``s·B·T·H·V``; dg, ``s_g·B·T·H·K`` (with g); dh0,
   ``4·B·H·K·V`` (with an initial state).
 
-That is 0 bytes beyond its inputs and outputs: each program holds the whole dimension its output
-sums over, so no float32 partial is written per block, and the dg buffer carries ``q ⊙ dq`` between
-the two backward kernels that need it. Autograd keeps the inputs and the final state, nothing else.
-(:func:`allocated_bytes` evaluates these formulas; the tests check them against every allocation.)
+For V ≤ 256 that is 0 bytes beyond its inputs and outputs: each program holds the whole dimension
+its output sums over, so no float32 partial is written per block, and the dg buffer carries
+``q ⊙ dq`` between the two backward kernels that need it. A larger V is cut into NV = ``⌈V/256⌉``
+slices for dq, dk, dg (:mod:`gla_ref.triton.fused_chunk_fwd`'s ``WHOLE_V``): the backward then
+allocates float32 partials, ``4·NV·B·T·H·K`` for each of dq, dk (and dg), and their float32 sums,
+``4·B·T·H·K`` each, which are the outputs themselves for float32 tensors and are cast into them
+(``s·B·T·H·K``, ``s_g·B·T·H·K``) otherwise. Autograd keeps the inputs and the final state, nothing
+else. (:func:`allocated_bytes` evaluates these formulas; the tests check them against every allocation.)
 A packed batch (``cu_seqlens``, B = 1) allocates the same with N sequences' states in place of B.
 """
 
@@ -30,20 +34,25 @@ from gla_ref.triton._common import (
     stateful_function,
 )
 from gla_ref.triton.fused_chunk_bwd import fused_chunk_backward
-from gla_ref.triton.fused_chunk_fwd import CHUNK_SIZES, fused_chunk_forward
+from gla_ref.triton.fused_chunk_fwd import CHUNK_SIZES, WHOLE_V, fused_chunk_forward
 
 __all__ = ["fused_chunk_gla"]
 
 
 def allocated_bytes(B, T, H, K, V, dtype, gate_dtype=None, initial_state=False, output_final_state=False):
-    """Bytes ``(forward, backward)`` that one call allocates (its outputs: see the module docstring),
-    for inputs of ``dtype``, gates of ``gate_dtype`` (None: no gate) and the given options."""
-    s = torch.empty((), dtype=dtype).element_size()
+    """Bytes ``(forward, backward)`` that one call allocates (its outputs, and the partials of a V
+    above 256: see the module docstring), for inputs of ``dtype``, gates of ``gate_dtype`` (None: no
+    gate) and the given options."""
+    size = lambda d: torch.empty((), dtype=d).element_size()
     state = 4 * B * H * K * V
-    forward = s * B * T * H * V + (state if output_final_state else 0)
-    backward = s * B * T * H * (2 * K + V) + (state if initial_state else 0)
-    if gate_dtype is not None:
-        backward += torch.empty((), dtype=gate_dtype).element_size() * B * T * H * K
+    forward = size(dtype) * B * T * H * V + (state if output_final_state else 0)
+    backward = size(dtype) * B * T * H * V + (state if initial_state else 0)
+    NV = -(-V // WHOLE_V)
+    for d in (dtype, dtype) + ((gate_dtype,) if gate_dtype is not None else ()):  # dq, dk, dg
+        if NV == 1:
+            backward += size(d) * B * T * H * K
+        else:  # the partials, their float32 sum, and its cast when d is not float32
+            backward += 4 * (NV + 1) * B * T * H * K + (0 if d == torch.float32 else size(d) * B * T * H * K)
     return forward, backward
 
 
@@ -57,7 +66,7 @@ def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_f
     """GLA in chunks of ``chunk_size`` tokens, the state kept on chip from the first chunk to the last.
 
     Args:
-        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K, V ≤ 256. float32, float16 or bfloat16 on a
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K ≤ 256, V ≤ 4096. float32, float16 or bfloat16 on a
             GPU; float32 or float16 on a CPU (Triton's interpreter computes bf16 wrongly: refused).
         g: log forget gates ``[B, T, H, K]`` (≤ 0), or None for plain linear attention.
         scale: multiplies ``q``; default ``K ** -0.5``.

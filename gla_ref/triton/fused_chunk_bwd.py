@@ -2,11 +2,11 @@
 
 Every gradient is a sum over one dimension of the state: dq and dk over the values, dv over the
 keys. A program holding that whole dimension finishes its tile and writes it once, in the
-gradient's dtype, so no per-block float32 partial is ever allocated. Hence three kernels, with
-``dP = dO Vᵀ`` (i ≥ j) and b, b_C as in the forward:
+gradient's dtype, so no per-block float32 partial is allocated while V ≤ 256 (K ≤ 256 always).
+Hence three kernels, with ``dP = dO Vᵀ`` (i ≥ j) and b, b_C as in the forward:
 
-1. :func:`_bwd_dq_kernel`, grid ``(⌈K/BK⌉, B·H)``, the whole V: a forward sweep rebuilds the state
-   S entering each chunk and writes
+1. :func:`_bwd_dq_kernel`, grid ``(⌈K/BK⌉, B·H, ⌈V/256⌉)``, the whole V up to 256 values: a forward
+   sweep rebuilds the state S entering each chunk and writes
 
        dq_i = scale · [ (dO Sᵀ)_i ⊙ exp b_i  +  Σ_{j ≤ i} dP_ij k_j ⊙ exp(b_i − b_j) ];
 
@@ -26,10 +26,17 @@ gradient's dtype, so no per-block float32 partial is ever allocated. Hence three
 3. :func:`_bwd_dv_kernel`, grid ``(⌈V/BV⌉, B·H)``, the whole K: the same reverse sweep of dS for
    its value columns, and ``dV = Pᵀ dO + (K ⊙ exp(b_C − b)) dS``.
 
+V above 256 (:data:`~gla_ref.triton.fused_chunk_fwd.WHOLE_V`) is cut into slices of 256 values on
+the third grid axis of kernels 1 and 2, so their state tiles stay ``BK × 256``. Every term of dq, dk
+and dB (the final-state term ``Σ_v S_T ⊙ dS_T`` included) is a sum over values, so each slice's
+program writes float32 partials of dq, dk and dg (``[⌈V/256⌉, B, T, H, K]`` each, the same
+in-place q ⊙ dq hand-over per slice) and the launcher adds them up; dv and dh0 stay complete per
+program. HBM traffic of kernels 1 and 2 then reads q, k, g once per slice and writes the partials.
+
 The dg output doubles as the only intermediate: kernel 1 stores ``q ⊙ dq`` there (from the float32
 dq, before dq is rounded to its dtype; in g's dtype, float32 for float32 gates) and kernel 2 reads
 it back and overwrites it with dg. The
-backward allocates dq, dk, dv, dg and dh0 and nothing else. The intra-chunk sums run one key j
+backward allocates dq, dk, dv, dg and dh0 and, for V ≤ 256, nothing else. The intra-chunk sums run one key j
 (dq) or one query i (dk, P) at a time, reading that token's row, so no loop step needs a reduction
 across the rows of a tile.
 """
@@ -78,22 +85,23 @@ def state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC: tl.constexpr):
 
 @autotune(configs(), ["BK", "BV", "C", "T_BUCKET", "IS_VARLEN"])
 @triton.jit
-def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, T, T_BUCKET,
+def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T, T_BUCKET,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                    USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
-    i_k, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_k, i_bh, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     DT = k.dtype.element_ty
     o_c = tl.arange(0, C)
     o_k = i_k * BK + tl.arange(0, BK)
-    o_v = tl.arange(0, BV)  # every value (BV ≥ V)
+    o_v = i_v * BV + tl.arange(0, BV)  # this program's slice of values: every value when V ≤ 256
+    part = i_v.to(tl.int64) * part_stride  # its float32 partials of dq and dg when V is sliced
     bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
     base_k, base_v = token_bases(bos, i_h, H, K, V)
-    q, k, dq, v, do = q + base_k, k + base_k, dq + base_k, v + base_v, do + base_v
+    q, k, dq, v, do = q + base_k, k + base_k, dq + part + base_k, v + base_v, do + base_v
     if USE_G:
         g += base_k
-        dg += base_k
+        dg += part + base_k
     S = load_state(h0, i_bh, o_k, o_v, K, V, BK, BV, USE_H0)
     for n in range(tl.cdiv(T, C)):
         rows = (n * C + o_c).to(tl.int64)
@@ -118,26 +126,27 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, T, T_BUCKET,
 
 
 @triton.jit  # not autotuned: it overwrites its input dg, so an autotuner's rerun would read dg for q ⊙ dq
-def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, T, T_BUCKET,
+def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part_stride, T, T_BUCKET,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
-    i_k, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_k, i_bh, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
     o_c = tl.arange(0, C)
     o_k = i_k * BK + tl.arange(0, BK)
-    o_v = tl.arange(0, BV)  # every value (BV ≥ V)
+    o_v = i_v * BV + tl.arange(0, BV)  # this program's slice of values: every value when V ≤ 256
+    part = i_v.to(tl.int64) * part_stride  # its float32 partials of dk and dg when V is sliced
     bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
     base_k, base_v = token_bases(bos, i_h, H, K, V)
-    q, k, dk, v, do = q + base_k, k + base_k, dk + base_k, v + base_v, do + base_v
+    q, k, dk, v, do = q + base_k, k + base_k, dk + part + base_k, v + base_v, do + base_v
     if USE_G:
         g += base_k
-        dg += base_k
+        dg += part + base_k
     dS = load_state(dht, i_bh, o_k, o_v, K, V, BK, BV, USE_DHT)
     dg_acc = tl.zeros([BK], dtype=tl.float32)  # Σ of dB over the later chunks (+ the final-state term)
     if USE_DHT:
-        if USE_G:  # Σ_v S_T ⊙ dS_T: a sum over every value, which this program holds
+        if USE_G:  # Σ_v S_T ⊙ dS_T over this program's values (the slices' partials add up)
             dg_acc += tl.sum(load_state(ht, i_bh, o_k, o_v, K, V, BK, BV, True) * dS, axis=1)
     NT = tl.cdiv(T, C)
     for i_n in range(NT):
@@ -205,17 +214,27 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T, T_BUCKET,
 
 def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size, varlen=None):
     """Launch the three kernels; returns ``(dq, dk, dv, dg, dh0)`` (dg, dh0 None without g, h0),
-    the only tensors it allocates."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dg = None if g is None else torch.empty_like(g)
+    the only tensors it allocates for V ≤ 256 (above, also the float32 partials of the V slices)."""
+    key_grid, key_meta = launch_meta(q, v, chunk_size, "V", varlen)
+    NV = key_grid[2]  # slices of values: float32 partials of dq, dk, dg when there are several
+    if NV == 1:
+        dq, dk = torch.empty_like(q), torch.empty_like(k)
+        dg = None if g is None else torch.empty_like(g)
+    else:
+        dq = q.new_empty(NV, *q.shape, dtype=torch.float32)
+        dk = torch.empty_like(dq)
+        dg = None if g is None else torch.empty_like(dq)
+    dv = torch.empty_like(v)
     dh0 = None if h0 is None else torch.empty_like(h0)
     flags = dict(USE_G=g is not None, USE_DHT=dht is not None)
-    key_grid, key_meta = launch_meta(q, v, chunk_size, "V", varlen)
-    _bwd_dq_kernel[key_grid](q, k, v, g, do, dq, dg, h0, scale=scale, **key_meta, USE_G=g is not None,
-                             USE_H0=h0 is not None)
+    _bwd_dq_kernel[key_grid](q, k, v, g, do, dq, dg, h0, scale=scale, part_stride=q.numel(), **key_meta,
+                             USE_G=g is not None, USE_H0=h0 is not None)
     tuned = _bwd_dq_kernel.best_config  # kernel 2 sweeps the same tiles in reverse: it takes kernel 1's config
-    _bwd_dk_kernel[key_grid](q, k, v, g, do, dk, dg, ht, dht, dh0, scale=scale, **key_meta, **flags,
-                             USE_H0=h0 is not None, num_warps=tuned.num_warps, num_stages=tuned.num_stages)
+    _bwd_dk_kernel[key_grid](q, k, v, g, do, dk, dg, ht, dht, dh0, scale=scale, part_stride=q.numel(), **key_meta,
+                             **flags, USE_H0=h0 is not None, num_warps=tuned.num_warps, num_stages=tuned.num_stages)
     value_grid, value_meta = launch_meta(q, v, chunk_size, "K", varlen)
     _bwd_dv_kernel[value_grid](q, k, g, do, dv, dht, scale=scale, **value_meta, **flags)
+    if NV > 1:
+        dq, dk = dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype)
+        dg = None if g is None else dg.sum(0).to(g.dtype)
     return dq, dk, dv, dg, dh0

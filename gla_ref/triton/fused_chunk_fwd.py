@@ -38,7 +38,13 @@ STATE_ELEMENTS = 8192
 
 A program keeps one dimension of the state whole (≤ 256 padded) and splits the other into blocks
 of ``STATE_ELEMENTS // whole`` (at least 16, for tl.dot): K = V = 128 gives 128 × 64 tiles, and
-K = 256 gives 256 × 32."""
+K = 256 gives 256 × 32. V above :data:`WHOLE_V` is first cut into slices (see :func:`launch_meta`)."""
+
+WHOLE_V = 256
+"""Most values a program of the dq/dk kernels holds. K ≤ 256 is always held whole; a larger V is
+cut into ``⌈V/256⌉`` slices of 256, one per program on the grid's third axis, so a state tile stays
+within :data:`STATE_ELEMENTS` (V = 1024 whole would take 16 × 1024); those programs' sums over
+values (dq, dk, dg) are then float32 partials, one per slice, that the launcher adds up."""
 
 CHUNK_SIZES = (16, 32, 64)
 """Chunk sizes the kernels accept: C × C tiles feed tl.dot (≥ 16); the intra-chunk loop costs O(C) a token."""
@@ -51,21 +57,23 @@ def configs():
 
 def launch_meta(q, v, chunk_size, whole, varlen=None):
     """Grid and shape arguments for programs that hold the ``whole`` dimension ("K" or "V") of the
-    state and split the other: grid ``(number of blocks, N·H)``, N = B or the packed sequences."""
+    state and split the other: grid ``(⌈V/BV⌉, N·H)`` for "K" (K ≤ 256 is always whole), ``(⌈K/BK⌉,
+    N·H, ⌈V/BV⌉)`` for "V", the third axis over the slices of :data:`WHOLE_V` values (one slice when
+    V ≤ 256). N = B or the packed sequences."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     if whole == "K":
         BK = block(K)
         BV = min(block(V), max(16, STATE_ELEMENTS // BK))
-        n_blocks = triton.cdiv(V, BV)
+        grid = (triton.cdiv(V, BV), num_sequences(B, varlen) * H)
     else:
-        BV = block(V)
+        BV = min(block(V), WHOLE_V)
         BK = min(block(K), max(16, STATE_ELEMENTS // BV))
-        n_blocks = triton.cdiv(K, BK)
+        grid = (triton.cdiv(K, BK), num_sequences(B, varlen) * H, triton.cdiv(V, BV))
     meta = dict(T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
                 PREC="ieee" if q.dtype == torch.float32 else "tf32",
                 cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)
-    return (n_blocks, num_sequences(B, varlen) * H), meta
+    return grid, meta
 
 
 # ----------------------------------------------------------------------------- on-chip helpers

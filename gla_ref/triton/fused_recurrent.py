@@ -224,7 +224,7 @@ def fused_recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, outp
     """GLA by its recurrence, one token at a time, the state held on chip (decoding, short T).
 
     Args:
-        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K, V ≤ 256. float32, float16 or bfloat16 on a
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K ≤ 256, V ≤ 4096. float32, float16 or bfloat16 on a
             GPU; float32 or float16 on a CPU (Triton's interpreter computes bf16 wrongly: refused).
         g: log forget gates ``[B, T, H, K]`` (≤ 0), or None for plain linear attention.
         scale: multiplies ``q``; default ``K ** -0.5``.

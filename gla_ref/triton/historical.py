@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from gla_ref import device
 from gla_ref._validate import check_flag, check_scale
 from gla_ref.triton._common import (
-    MAX_DIM,
+    MAX_K,
+    MAX_V,
     block,
     check_values,
     prepare,
@@ -80,14 +81,15 @@ def _forward_only(**tensors) -> None:
                              "call it under torch.no_grad(), or train with gla_ref.triton.fused_chunk_gla")
 
 
-def _lead(name: str, x) -> tuple:
-    """The first input of a stage: a ``[B, T, H, D]`` tensor the kernels can read; returns its shape."""
+def _lead(name: str, x, max_dim: int = MAX_K) -> tuple:
+    """The first input of a stage: a ``[B, T, H, D]`` tensor the kernels can read, D at most ``max_dim``
+    (MAX_K for q, k, g and their copies, MAX_V for v); returns its shape."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 4 or x.shape[1] < 1:
         raise ValueError(f"{name} must have shape [B, T, H, D] with T >= 1, got {tuple(x.shape)}")
-    if x.shape[-1] > MAX_DIM:
-        raise ValueError(f"{name}: head dim {x.shape[-1]} must be at most {MAX_DIM} for this kernel")
+    if x.shape[-1] > max_dim:
+        raise ValueError(f"{name}: head dim {x.shape[-1]} must be at most {max_dim} for this kernel")
     if x.dtype not in KERNEL_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
     if x.device.type != "cuda" and not device.triton_interpret():
@@ -186,7 +188,7 @@ def historical_inter_chunk(q_g: torch.Tensor, k_g: torch.Tensor, v: torch.Tensor
     """
     B, T, H, K = _lead("q_g", q_g)
     _like("k_g", k_g, (B, T, H, K), (q_g.dtype,), q_g)
-    V = _lead("v", v)[-1]
+    V = _lead("v", v, MAX_V)[-1]
     _like("v", v, (B, T, H, V), (q_g.dtype,), q_g)
     _like("b", b, (B, T, H, K), (torch.float32,), q_g)
     if initial_state is not None:
@@ -228,7 +230,7 @@ def historical_combine(o_inter: torch.Tensor, A: torch.Tensor, v: torch.Tensor) 
     Returns:
         o ``[B, T, H, V]`` in v's dtype (summed in float32).
     """
-    B, T, H, V = _lead("v", v)
+    B, T, H, V = _lead("v", v, MAX_V)
     N = -(-T // CHUNK)
     if not isinstance(o_inter, torch.Tensor) or o_inter.dim() != 5:
         raise ValueError(f"o_inter must have shape [NK, B, T, H, V], got {getattr(o_inter, 'shape', None)}")
@@ -255,7 +257,7 @@ def fused_chunk_gla_historical(q, k, v, g, *, scale=None, initial_state=None, ou
     """GLA forward as the first Triton implementation ran it: five steps, chunks of 16, no backward.
 
     Args:
-        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K, V ≤ 256. float32, float16 or bfloat16 on a
+        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K ≤ 256, V ≤ 4096. float32, float16 or bfloat16 on a
             GPU; float32 or float16 on a CPU (Triton's interpreter computes bf16 wrongly: refused).
         g: natural-log forget gates ``[B, T, H, K]`` (≤ 0); required (the original was GLA only).
         scale: multiplies q; default ``K ** -0.5``.
