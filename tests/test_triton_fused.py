@@ -243,8 +243,10 @@ def test_debug_mode_checks_values(kernel, case, monkeypatch):
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_values_unchecked_without_debug(kernel):
-    """No device sync by default: a positive gate is not looked for, the kernel just runs."""
-    q, g, h0, _ = POISONED["positive-g"]
+    """No device sync by default: a positive gate is not looked for on the host, but the kernel turns
+    it into NaN where it reads it (tests/test_gate_contract.py has every kernel and invalid value)."""
+    q, g, h0, _ = POISONED["positive-g"]  # g[0, 2, 0, 3] = 0.5
     assert not device.is_debug()
-    o, _ = KERNELS[kernel](q, CLEAN["k"], CLEAN["v"], g, initial_state=h0)
+    o, ht = KERNELS[kernel](q, CLEAN["k"], CLEAN["v"], g, initial_state=h0, output_final_state=True)
     assert o.shape == CLEAN["v"].shape
+    assert torch.isnan(o[0, 2:, 0]).all() and torch.isnan(ht[0, 0, 3]).all()

@@ -398,15 +398,19 @@ def test_debug_mode_checks_stage_values(monkeypatch):
     b[0, 1, 0, 0] = 0.25
     _forbid_launch(monkeypatch)
     with device.debug(True):
-        with pytest.raises(ValueError, match="^b holds cumulative log-gates"):
+        with pytest.raises(ValueError, match=r"^b must hold cumulative log2-gates <= 0 \(finite\), got 0.25 "
+                                             r"at b\[b=0, t=1, h=0, k=0\]$"):
             hist.historical_intra_chunk(CLEAN["q"], CLEAN["k"], b)
-        with pytest.raises(ValueError, match="^g contains NaN"):
+        with pytest.raises(ValueError, match=r"^g must hold log forget gates <= 0 .*got NaN "
+                                             r"at g\[b=0, t=0, h=0, k=0\]$"):
             hist.historical_decay_cumsum(torch.full_like(CLEAN["g"], math.nan))
 
 
 def test_values_unchecked_without_debug():
-    """No device sync by default: a positive gate is not looked for, the kernels just run."""
-    q, g, h0, _ = POISONED["positive-g"]
+    """No device sync by default: a positive gate is not looked for on the host, but step 1 turns it
+    into NaN (tests/test_gate_contract.py has every kernel and invalid value)."""
+    q, g, h0, _ = POISONED["positive-g"]  # g[0, 2, 0, 3] = 0.5
     assert not device.is_debug()
-    o, _ = fused_chunk_gla_historical(q, CLEAN["k"], CLEAN["v"], g, initial_state=h0)
+    o, ht = fused_chunk_gla_historical(q, CLEAN["k"], CLEAN["v"], g, initial_state=h0, output_final_state=True)
     assert o.shape == CLEAN["v"].shape
+    assert torch.isnan(o[0, 2:, 0]).all() and torch.isnan(ht[0, 0, 3]).all()

@@ -29,7 +29,8 @@ import numpy as np
 from jax.lax import Precision
 
 from gla_ref import device
-from gla_ref._validate import check_chunk_sizes, check_flag, check_inputs, check_scale, dtype_name
+from gla_ref._validate import (check_chunk_sizes, check_flag, check_gate_values, check_inputs, check_scale,
+                               dtype_name)
 from gla_ref.pallas import chunk_math, gpu, tpu
 
 __all__ = ["chunk_gla"]
@@ -87,9 +88,12 @@ def _concrete(x):
 
 
 def check_values(**arrays):
-    """Under ``gla_ref.device.debug(True)``: NaN/inf inputs or positive log-gates raise ValueError.
+    """Under ``gla_ref.device.debug(True)``: NaN/inf inputs raise ValueError, and so do invalid
+    log-gates ``g``/``g_gamma`` (NaN, > 0, -inf), naming the first bad position as the references
+    do (:func:`gla_ref._validate.check_gate_values`).
 
-    Needs concrete values (a device sync), so it is skipped while ``jit`` traces.
+    Needs concrete values (a device sync), so it is skipped while ``jit`` traces; the kernels then
+    return NaN for an invalid gate (:func:`_local_cumsum`).
     """
     if not device.is_debug():
         return
@@ -97,10 +101,10 @@ def check_values(**arrays):
         x = None if x is None else _concrete(x)
         if x is None:
             continue
-        if not np.isfinite(x).all():
+        if name in ("g", "g_gamma"):
+            check_gate_values(name, x)
+        elif not np.isfinite(x).all():
             raise ValueError(f"{name} contains NaN or inf values")
-        if name in ("g", "g_gamma") and (x > 0).any():
-            raise ValueError(f"{name} must hold log forget gates <= 0, got a maximum of {x.max():.3g}")
 
 
 def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final) -> Plan:
@@ -140,7 +144,15 @@ def _triangular_sum(x, C, upper):
 
 
 def _local_cumsum(g, C):
-    """``b``: cumulative log-gates restarting at every chunk, float32."""
+    """``b``: cumulative log-gates restarting at every chunk, float32.
+
+    This is where the kernels read the gate, so an invalid one (NaN, > 0, -inf; the contract of
+    :mod:`gla_ref._validate`) becomes NaN here: an elementwise select on g, which XLA can fuse
+    with the copy that lays g out for the kernels (no extra pass over g under jit). The triangle's zeros then carry that NaN to every row of its chunk (0 · NaN = NaN),
+    and the state carries it to every later chunk: o from the bad token's chunk on, the final
+    state and the gradients are NaN, never a finite wrong answer (jit cannot check values).
+    """
+    g = jnp.where((g <= 0) & (g > -jnp.inf), g, jnp.nan)
     return _triangular_sum(g, C, upper=False)
 
 
@@ -251,7 +263,9 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
 
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (float32 or bfloat16; K ≤ 256, V ≤ 4096).
-        g: log forget gates ``[B, T, H, K]`` (≤ 0).
+        g: log forget gates ``[B, T, H, K]`` (finite, ≤ 0). An invalid gate (NaN, > 0, or -inf, a
+            hard reset: split the sequences instead) makes o and the final state NaN; under
+            ``gla_ref.device.debug(True)``, outside jit, a ValueError naming its position.
         scale: query scale, default ``K ** -0.5``.
         initial_state: optional ``[B, H, K, V]`` float32 state.
         output_final_state: also return the final ``[B, H, K, V]`` float32 state.

@@ -34,8 +34,10 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
 
     Args:
         q, k, v: as in :func:`gla_ref.pallas.chunk_gla`.
-        g: scalar log-gates ``[B, T, H]`` (≤ 0), or
-        g_gamma: one constant log-decay per head ``[H]`` (≤ 0); exactly one of the two.
+        g: scalar log-gates ``[B, T, H]`` (finite, ≤ 0), or
+        g_gamma: one constant log-decay per head ``[H]`` (finite, ≤ 0); exactly one of the two.
+            An invalid value (NaN, > 0, -inf) of either makes o and the final state NaN; under
+            ``gla_ref.device.debug(True)``, outside jit, a ValueError naming its position.
         mode: ``"auto"`` (fused without initial/final state, else non-fused), ``"fused"``, ``"chunk"``.
         scale, initial_state, output_final_state, chunk_size, launcher, interpret: as in chunk_gla.
 

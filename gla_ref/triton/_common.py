@@ -9,7 +9,7 @@ import torch
 import triton
 
 from gla_ref import device
-from gla_ref._validate import Dims, check_chunk_sizes, check_inputs
+from gla_ref._validate import Dims, check_chunk_sizes, check_gate_values, check_inputs
 from gla_ref.triton import _ptxas
 
 MAX_K = 256
@@ -138,15 +138,20 @@ def num_sequences(B: int, varlen: Varlen | None) -> int:
     return B if varlen is None else varlen.N
 
 
+GATE_NAMES = ("g", "g_gamma")
+"""Arguments holding log-gates: checked by :func:`gla_ref._validate.check_gate_values` (finite, ≤ 0)."""
+
+
 def check_values(tensors: dict) -> None:
-    """Finite inputs and log-gates ≤ 0 (needs a device sync: only under gla_ref.device.debug)."""
+    """Finite inputs and valid log-gates (finite, ≤ 0; the message names the first bad position, as
+    the references do). Needs a device sync: only under gla_ref.device.debug."""
     for name, x in tensors.items():
         if x is None:
             continue
-        if not torch.isfinite(x).all():
+        if name in GATE_NAMES:
+            check_gate_values(name, x)
+        elif not torch.isfinite(x).all():
             raise ValueError(f"{name} contains NaN or inf")
-        if name in ("g", "g_gamma") and (x > 0).any():
-            raise ValueError(f"{name} holds log forget gates and must be <= 0; got max {x.max().item():.3g}")
 
 
 SHOW_TUNING = "GLA_REF_SHOW_TUNING"

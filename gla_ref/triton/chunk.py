@@ -96,7 +96,10 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
     sync), each chunked and run from its own start; states are then ``[N, H, K, V]``. Returns
     ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype, final_state ``[B, H, K, V]`` (``[N, H,
     K, V]``) float32 when ``output_final_state`` else None. Gradients flow to q, k, v, g and
-    initial_state, and from both o and final_state.
+    initial_state, and from both o and final_state. A valid log-gate is finite and ≤ 0: an invalid
+    one (NaN, > 0, or -inf, a hard reset: split the sequences with cu_seqlens instead) makes o and
+    the final state NaN, or, under ``gla_ref.device.debug(True)``, raises a ValueError naming its
+    position.
     """
     chunk_size = check_chunk_size(chunk_size)
     dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(4,), cu_seqlens=cu_seqlens,

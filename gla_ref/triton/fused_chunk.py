@@ -68,7 +68,10 @@ def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_f
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K ≤ 256, V ≤ 4096. float32, float16 or bfloat16 on a
             GPU; float32 or float16 on a CPU (Triton's interpreter computes bf16 wrongly: refused).
-        g: log forget gates ``[B, T, H, K]`` (≤ 0), or None for plain linear attention.
+        g: log forget gates ``[B, T, H, K]`` (finite, ≤ 0), or None for plain linear attention. An
+            invalid gate (NaN, > 0, or -inf, a hard reset: split the sequences with cu_seqlens)
+            makes o and the final state NaN; under ``gla_ref.device.debug(True)`` a ValueError
+            naming its position.
         scale: multiplies ``q``; default ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` (``[N, H, K, V]`` packed) float32 state S_0, or None (zeros).
         output_final_state: also return the float32 state after the last token.

@@ -57,6 +57,7 @@ from gla_ref.triton.fused_chunk_fwd import (
     decay_to,
     dot,
     launch_meta,
+    load_gate_row,
     load_row,
     load_state,
     load_tile,
@@ -73,7 +74,7 @@ def query_decays(q, g, n, i, b, b_i, o_k, scale, T, K: tl.constexpr, HK: tl.cons
     j ≤ i, 0 for j > i (``[C, BK]``), and the running gate sum ``b_i`` updated with row i."""
     t_i = tl.cast(n * C + i, tl.int64)
     if USE_G:
-        b_i += load_row(g, t_i, o_k, T, K, HK)
+        b_i += load_gate_row(g, t_i, o_k, T, K, HK)
     return (load_row(q, t_i, o_k, T, K, HK) * scale)[None, :] * decay_to(b, b_i, i, C), b_i
 
 
@@ -115,7 +116,7 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T
         for j in range(C):  # key j reaches the queries i ≥ j with decay exp(b_i − b_j)
             t_j = tl.cast(n * C + j, tl.int64)
             if USE_G:
-                b_j += load_row(g, t_j, o_k, T, K, H * K)
+                b_j += load_gate_row(g, t_j, o_k, T, K, H * K)
             k_j = load_row(k, t_j, o_k, T, K, H * K)
             b_dq += col(dP, j, C)[:, None] * k_j[None, :] * decay_from(b, b_j, j, C)
         b_dq *= scale

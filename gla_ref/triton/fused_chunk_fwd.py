@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune, autotune_configs, block, num_sequences
+from gla_ref.triton._gates import at_most_zero, valid_gate
 from gla_ref.triton._tiles import sequence_tokens, token_bases
 
 STATE_ELEMENTS = 8192
@@ -117,6 +118,13 @@ def load_row(ptr, t, cols, T, D: tl.constexpr, HD: tl.constexpr):
 
 
 @triton.jit
+def load_gate_row(g, t, cols, T, D: tl.constexpr, HD: tl.constexpr):
+    """:func:`load_row` of the log-gate, an invalid gate (NaN, > 0, -inf) turned into NaN
+    (:func:`gla_ref.triton._gates.valid_gate`); zeros past T or D are valid gates."""
+    return valid_gate(load_row(g, t, cols, T, D, HD))
+
+
+@triton.jit
 def chunk_gates(g, n, o_k, T, K: tl.constexpr, HK: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                 USE_G: tl.constexpr):
     """``b_i = g_1 + … + g_i`` over chunk n (float32, ≤ 0, decreasing) and its last row ``b_C``.
@@ -130,7 +138,7 @@ def chunk_gates(g, n, o_k, T, K: tl.constexpr, HK: tl.constexpr, C: tl.constexpr
     if USE_G:
         o_c = tl.arange(0, C)
         for j in range(C):
-            g_j = load_row(g, tl.cast(n * C + j, tl.int64), o_k, T, K, HK)
+            g_j = load_gate_row(g, tl.cast(n * C + j, tl.int64), o_k, T, K, HK)
             b += tl.where((o_c >= j)[:, None], g_j[None, :], 0.0)  # rows before j add an exact 0
             b_last += g_j
     return b, b_last
@@ -146,16 +154,17 @@ def col(x, j, C: tl.constexpr):
 def decay_from(b, b_j, j, C: tl.constexpr):
     """Key j's decay to every query: ``exp(b_i − b_j)`` for i ≥ j, 0 above the diagonal.
 
-    The exponent is masked before exp by clamping it at 0 (only the rows above the diagonal, where
-    it is positive, are touched); the where then zeroes those rows.
+    The exponent is capped at 0 before exp (only the rows above the diagonal, where it is positive,
+    are touched; :func:`~gla_ref.triton._gates.at_most_zero` keeps a NaN of an invalid gate); the
+    where then zeroes those rows.
     """
-    return tl.where((tl.arange(0, C) >= j)[:, None], tl.exp(tl.minimum(b - b_j[None, :], 0.0)), 0.0)
+    return tl.where((tl.arange(0, C) >= j)[:, None], tl.exp(at_most_zero(b - b_j[None, :])), 0.0)
 
 
 @triton.jit
 def decay_to(b, b_i, i, C: tl.constexpr):
     """Query i's decay from every key: ``exp(b_i − b_j)`` for j ≤ i, 0 below (masked like decay_from)."""
-    return tl.where((tl.arange(0, C) <= i)[:, None], tl.exp(tl.minimum(b_i[None, :] - b, 0.0)), 0.0)
+    return tl.where((tl.arange(0, C) <= i)[:, None], tl.exp(at_most_zero(b_i[None, :] - b)), 0.0)
 
 
 @triton.jit
@@ -202,7 +211,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T, T_BUCKET,
         for j in range(C):  # key column j: P_ij = q_i · (k_j ⊙ exp(b_i − b_j))
             t_j = tl.cast(n * C + j, tl.int64)
             if USE_G:
-                b_j += load_row(g, t_j, o_k, T, K, H * K)
+                b_j += load_gate_row(g, t_j, o_k, T, K, H * K)
             P_j = tl.sum(b_q * decay_from(b, b_j, j, C) * load_row(k, t_j, o_k, T, K, H * K)[None, :], axis=1)
             P += tl.where((o_c == j)[None, :], P_j[:, None], 0.0)
         b_o = dot(b_q * tl.exp(b), S, tl.float32, PREC) + dot(P, b_v, DT, PREC)

@@ -40,6 +40,7 @@ from gla_ref.triton._common import (
     prepare_packed,
     stateful_function,
 )
+from gla_ref.triton._gates import valid_gate
 from gla_ref.triton._tiles import sequence_tokens, token_bases
 
 __all__ = ["fused_recurrent_gla"]
@@ -98,7 +99,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T, T_BUCKET,
         b_k = tl.load(k + p_qk, mask=m_k, other=0.0).to(tl.float32)
         b_v = tl.load(v + p_vo, mask=m_v, other=0.0).to(tl.float32)
         if USE_G:
-            S *= tl.exp(tl.load(g + p_qk, mask=m_k, other=0.0).to(tl.float32))[:, None]
+            S *= tl.exp(valid_gate(tl.load(g + p_qk, mask=m_k, other=0.0).to(tl.float32)))[:, None]
         S += b_k[:, None] * b_v[None, :]
         b_o = tl.sum(S * b_q[:, None], axis=0)
         tl.store(o + p_vo, b_o.to(o.dtype.element_ty), mask=m_v)
@@ -129,7 +130,7 @@ def _bwd_dq_kernel(k, v, g, do, dq, h0, cu_seqlens, scale, B, T, T_BUCKET,
         b_v = tl.load(v + p_vo, mask=m_v, other=0.0).to(tl.float32)
         b_do = tl.load(do + p_vo, mask=m_v, other=0.0).to(tl.float32)
         if USE_G:
-            S *= tl.exp(tl.load(g + p_qk, mask=m_k, other=0.0).to(tl.float32))[:, None]
+            S *= tl.exp(valid_gate(tl.load(g + p_qk, mask=m_k, other=0.0).to(tl.float32)))[:, None]
         S += b_k[:, None] * b_v[None, :]
         tl.store(dq + p_qk, tl.sum(S * b_do[None, :], axis=1) * scale, mask=m_k)
         p_qk += step * H * K
@@ -169,7 +170,7 @@ def _bwd_dkv_kernel(q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, cu_seqlens, sc
             b_dq = tl.load(dq + part + p_qk, mask=m_k, other=0.0)
             dg_acc += b_q * b_dq - b_k * b_dk
             tl.store(dg + part + p_qk, dg_acc, mask=m_k)
-            dS *= tl.exp(tl.load(g + p_qk, mask=m_k, other=0.0).to(tl.float32))[:, None]
+            dS *= tl.exp(valid_gate(tl.load(g + p_qk, mask=m_k, other=0.0).to(tl.float32)))[:, None]
         p_qk += step * H * K
         p_vo += step * H * V
     if USE_H0:
@@ -226,7 +227,10 @@ def fused_recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, outp
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K ≤ 256, V ≤ 4096. float32, float16 or bfloat16 on a
             GPU; float32 or float16 on a CPU (Triton's interpreter computes bf16 wrongly: refused).
-        g: log forget gates ``[B, T, H, K]`` (≤ 0), or None for plain linear attention.
+        g: log forget gates ``[B, T, H, K]`` (finite, ≤ 0), or None for plain linear attention. An
+            invalid gate (NaN, > 0, or -inf, a hard reset: split the sequences with cu_seqlens)
+            makes o and the final state NaN; under ``gla_ref.device.debug(True)`` a ValueError
+            naming its position.
         scale: multiplies ``q``; default ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` (``[N, H, K, V]`` packed) float32 state S_0, or None (zeros).
         output_final_state: also return the float32 state after the last token.

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from gla_ref import device
-from gla_ref._validate import check_flag, check_scale
+from gla_ref._validate import check_flag, check_gate_values, check_scale
 from gla_ref.triton._common import (
     MAX_K,
     MAX_V,
@@ -112,11 +112,9 @@ def _like(name: str, x, shape: tuple, dtypes: tuple, lead: torch.Tensor) -> None
 
 
 def _check_b(b) -> None:
-    """b (log₂ cumulative gate) is ≤ 0 and finite: a device sync, so only in debug mode."""
+    """b (log₂ cumulative gate) is finite and ≤ 0, like a log-gate: a device sync, so only in debug mode."""
     if device.is_debug():
-        check_values({"b": b})
-        if (b > 0).any():
-            raise ValueError(f"b holds cumulative log-gates and must be <= 0; got max {b.max().item():.3g}")
+        check_gate_values("b", b, what="cumulative log2-gates <= 0 (finite)", advice=False)
 
 
 def _check_qkb(q, k, b, scale):
@@ -137,7 +135,8 @@ def historical_decay_cumsum(g: torch.Tensor) -> torch.Tensor:
     """Step 1, mirrors ``fwd_decay_cumsum``: chunk-local cumulative log-gates in base 2.
 
     Args:
-        g: natural-log forget gates ``[B, T, H, K]`` (≤ 0; float32, float16 or bfloat16).
+        g: natural-log forget gates ``[B, T, H, K]`` (finite, ≤ 0; float32, float16 or bfloat16).
+            An invalid gate (NaN, > 0, -inf) becomes NaN in b (a ValueError under debug).
 
     Returns:
         b ``[B, T, H, K]`` float32: ``b[t] = Σ g_s / ln 2`` over the tokens s ≤ t of t's chunk of 16,
@@ -259,7 +258,9 @@ def fused_chunk_gla_historical(q, k, v, g, *, scale=None, initial_state=None, ou
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; K ≤ 256, V ≤ 4096. float32, float16 or bfloat16 on a
             GPU; float32 or float16 on a CPU (Triton's interpreter computes bf16 wrongly: refused).
-        g: natural-log forget gates ``[B, T, H, K]`` (≤ 0); required (the original was GLA only).
+        g: natural-log forget gates ``[B, T, H, K]`` (finite, ≤ 0); required (the original was GLA
+            only). An invalid gate (NaN, > 0, -inf) makes o and the final state NaN; under
+            ``gla_ref.device.debug(True)`` a ValueError naming its position.
         scale: multiplies q; default ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` float32 state S_0, or None (zeros).
         output_final_state: also return the float32 state after the last token.
