@@ -229,6 +229,28 @@ def test_g_gamma_gradient_is_the_sum_over_positions():
     assert rel_rmse(np.asarray(d_scalar).sum((0, 1)), d_gamma) < 1e-5
 
 
+@pytest.mark.parametrize("mode", ["chunk", "fused"])
+def test_simple_gate_rule_matches_triton(mode):
+    """As in gla_ref.triton.chunk_simple_gla: g and g_gamma add, neither is plain linear attention; the
+    gradients of both are true ones, and an invalid g cannot hide inside a valid sum."""
+    x, _ = make_inputs("simple_chunk", B=2, T=20, h0=False)
+    j = as_jax(x)
+    B, T, H = 2, 20, 2
+    g, gamma = j["g"], jnp.array([-0.3, -0.05], jnp.float32)
+    run = lambda g, gamma: chunk_simple_gla(j["q"], j["k"], j["v"], g, g_gamma=gamma, chunk_size=16, mode=mode)[0]
+    total = g + gamma[None, None, :]
+    want = jax_ref.chunk_gla(j["q"], j["k"], j["v"], total, chunk_size=16)[0]
+    assert rel_rmse(want, run(g, gamma)) < 1e-5
+    assert rel_rmse(jax_ref.chunk_gla(j["q"], j["k"], j["v"], None)[0], run(None, None)) < 1e-5
+    d_g, d_gamma = jax.grad(lambda a, b: run(a, b).sum(), argnums=(0, 1))(g, gamma)
+    d_total = jax.grad(lambda t: jax_ref.chunk_gla(j["q"], j["k"], j["v"], t, chunk_size=16)[0].sum())(total)
+    assert rel_rmse(d_total, d_g) < 1e-5
+    assert rel_rmse(np.asarray(d_total).sum((0, 1)), d_gamma) < 1e-5
+    hidden = g.at[1, 5, 0].set(0.2)  # 0.2 + (-0.3) < 0: valid as a sum, invalid as a gate
+    o = np.asarray(run(hidden, gamma))
+    assert np.isnan(o[1, 5:, 0]).all() and np.isfinite(o[0]).all()
+
+
 # ---------------------------------------------------------------- bad input, rejected before tracing
 
 def _args(B=1, T=8, H=2, K=20, V=24, dtype=jnp.float32):
@@ -250,8 +272,6 @@ def _args(B=1, T=8, H=2, K=20, V=24, dtype=jnp.float32):
     (lambda q, k, v, g: chunk_gla(q, k, v, g, initial_state=jnp.zeros((1, 2, 24, 20))), ValueError,
      "initial_state must have shape"),
     (lambda q, k, v, g: chunk_gla(q, k, v, g, launcher="cuda"), ValueError, "launcher"),
-    (lambda q, k, v, g: chunk_simple_gla(q, k, v), ValueError, "exactly one"),
-    (lambda q, k, v, g: chunk_simple_gla(q, k, v, g[..., 0], g_gamma=g[0, 0, :, 0]), ValueError, "exactly one"),
     (lambda q, k, v, g: chunk_simple_gla(q, k, v, g_gamma=g[0, 0, 0]), ValueError, "g_gamma must have shape"),
     (lambda q, k, v, g: chunk_simple_gla(q, k, v, g), ValueError, "g must have shape"),
     (lambda q, k, v, g: chunk_simple_gla(q, k, v, g[..., 0], mode="fast"), ValueError, "mode"),

@@ -152,8 +152,12 @@ def _local_cumsum(g, C):
     and the state carries it to every later chunk: o from the bad token's chunk on, the final
     state and the gradients are NaN, never a finite wrong answer (jit cannot check values).
     """
-    g = jnp.where((g <= 0) & (g > -jnp.inf), g, jnp.nan)
-    return _triangular_sum(g, C, upper=False)
+    return _triangular_sum(valid_gate(g), C, upper=False)
+
+
+def valid_gate(g):
+    """``g`` where it is a valid log-gate (finite, ≤ 0), NaN elsewhere: one elementwise select."""
+    return jnp.where((g <= 0) & (g > -jnp.inf), g, jnp.nan)
 
 
 def _reverse_cumsum(x, C):

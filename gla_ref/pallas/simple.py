@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from gla_ref._validate import check_inputs, dtype_name
-from gla_ref.pallas.chunk import check_head_dims, check_options, check_values, make_plan, run
+from gla_ref.pallas.chunk import check_head_dims, check_options, check_values, make_plan, run, valid_gate
 
 __all__ = ["chunk_simple_gla"]
 
@@ -34,8 +34,10 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
 
     Args:
         q, k, v: as in :func:`gla_ref.pallas.chunk_gla`.
-        g: scalar log-gates ``[B, T, H]`` (finite, ≤ 0), or
-        g_gamma: one constant log-decay per head ``[H]`` (finite, ≤ 0); exactly one of the two.
+        g: scalar log-gates ``[B, T, H]`` (finite, ≤ 0), or None.
+        g_gamma: one constant log-decay per head ``[H]`` (finite, ≤ 0), or None. As in
+            :func:`gla_ref.triton.chunk_simple_gla`, both may be given (they add, each checked
+            before the sum) and with neither it is plain causal linear attention.
             An invalid value (NaN, > 0, -inf) of either makes o and the final state NaN; under
             ``gla_ref.device.debug(True)``, outside jit, a ValueError naming its position.
         mode: ``"auto"`` (fused without initial/final state, else non-fused), ``"fused"``, ``"chunk"``.
@@ -44,11 +46,9 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
     Returns:
         ``(o, final_state)``.
     """
-    if (g is None) == (g_gamma is None):
-        raise ValueError("pass exactly one of g ([B, T, H] log-gates) and g_gamma ([H] log-decays)")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(3,) if g is not None else (None,))
+    dims = check_inputs(q, k, v, g, initial_state, gate_ranks=(None, 3))
     check_head_dims(dims.K, dims.V)
     if g_gamma is not None:
         _check_g_gamma(g_gamma, dims.H)
@@ -57,6 +57,14 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
     fused = mode == "fused" or (mode == "auto" and initial_state is None and not output_final_state)
     plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=fused,
                      want_final=output_final_state)
-    if g is None:  # the same decay at every position; autodiff sums its gradient over them
-        g = jnp.broadcast_to(g_gamma.astype(jnp.float32)[None, None, :], (dims.B, dims.T, dims.H))
-    return run(q, k, v, g[..., None], initial_state, plan)
+    return run(q, k, v, _scalar_gate(g, g_gamma, dims)[..., None], initial_state, plan)
+
+
+def _scalar_gate(g, g_gamma, dims):
+    """The per-token log-gate the kernels read, ``[B, T, H]`` float32: g, g_gamma broadcast over
+    tokens (autodiff then sums its gradient over them), their sum, or zeros (no decay). When both are
+    given each is made NaN where invalid before the sum, so a positive g cannot hide in a valid total."""
+    if g_gamma is None:
+        return jnp.zeros((dims.B, dims.T, dims.H), jnp.float32) if g is None else g
+    gamma = jnp.broadcast_to(g_gamma.astype(jnp.float32)[None, None, :], (dims.B, dims.T, dims.H))
+    return gamma if g is None else valid_gate(g.astype(jnp.float32)) + valid_gate(gamma)

@@ -189,7 +189,7 @@ def _check_local(q, k, v, g, h0, scale, chunk_size, output_final_state, rank):
 
 
 def _check_triton(q, k, v, g, h0, chunk_size):
-    """The Triton kernel's own limits (K, V ≤ 256, no float64, chunk size 16/32/64, one device;
+    """The Triton kernel's own limits (K ≤ 256, V ≤ 4096, no float64, chunk size 16/32/64, one device;
     values only under ``gla_ref.device.debug``), checked before the chain starts."""
     from gla_ref.triton._common import check_chunk_size, prepare
 

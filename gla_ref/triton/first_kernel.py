@@ -25,10 +25,7 @@ import triton
 import triton.language as tl
 
 from gla_ref import device
-from gla_ref.triton._common import check_chunk_size
-
-MAX_K = 256
-"""Largest K: a program holds all K channels of a chunk in one block, padded to a power of two."""
+from gla_ref.triton._common import MAX_K, check_chunk_size  # MAX_K: a program holds all K channels of a chunk
 
 
 @triton.jit
