@@ -1,7 +1,8 @@
 """Accuracy table of every Triton kernel against the float64 reference, on a CUDA GPU.
 
-``python benchmarks/triton_accuracy.py [KERNEL ...] [--out PATH]`` (default: every kernel) writes
-``benchmarks/results/triton_accuracy_<device>.json`` (or PATH) and prints one row per (kernel, dtype, shape):
+``python benchmarks/triton_accuracy.py [KERNEL ...] [--shapes all|heads] [--out PATH]`` (default: every kernel,
+every shape) writes ``benchmarks/results/triton_accuracy_<device>.json`` (or PATH; ``--shapes heads``, only the
+GLA paper's heads and V = 1024, writes ``head_sizes_accuracy_<device>.json``) and prints one row per (kernel, dtype, shape):
 the relative RMSE of o, the final state and every gradient. Naming kernels re-measures those and keeps the
 stored rows of the others; separate ``--out`` files let several kernels run in parallel processes.
 The pass/fail bounds live in the tests (tests/test_triton_*.py); this script records the numbers.
@@ -70,6 +71,8 @@ def errors(ref, out) -> dict:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("kernels", nargs="*", metavar="KERNEL", help=f"any of {', '.join(KERNELS)}")
+    parser.add_argument("--shapes", choices=("all", "heads"), default="all",
+                        help="every shape, or only the paper's heads and V = 1024 (the last three)")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
     bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
@@ -78,7 +81,8 @@ def main():
     env = bench.environment()
     slug = bench.slug(env["device"])
     RESULTS.mkdir(exist_ok=True)
-    path = args.out or RESULTS / f"triton_accuracy_{slug}.json"
+    shapes = SHAPES if args.shapes == "all" else SHAPES[-3:]
+    path = args.out or RESULTS / f"{'triton' if args.shapes == 'all' else 'head_sizes'}_accuracy_{slug}.json"
     rows, refs = [], {}
     names = args.kernels or list(KERNELS)
     if path.exists() and args.kernels:  # a partial re-run adds to the stored rows
@@ -86,7 +90,7 @@ def main():
     for name in names:
         gate, fn = KERNELS[name]
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            for shape in SHAPES:
+            for shape in shapes:
                 x, x64, do, dht = inputs(gate, shape, dtype, "cuda")
                 if (gate, shape) not in refs:  # the float64 reference depends on the inputs only
                     refs[gate, shape] = run(torch_ref.chunk_gla, x64, do, dht)

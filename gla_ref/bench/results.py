@@ -58,6 +58,7 @@ SCRIPTS = {
     "fla_layer": "fla_layer_check.py",
     "paper_setups": "bench_paper_setups.py",
     "varlen": "bench_varlen.py",
+    "head_sizes_accuracy": "triton_accuracy.py --shapes heads",
     "paper_chunk_size_sweep": "bench_chunk_size.py --B 32 --H 4 --K 128 --V 256 --T 2048 "
                               "--out benchmarks/results/paper_chunk_size_sweep_<device>.json",
 }
