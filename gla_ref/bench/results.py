@@ -53,6 +53,7 @@ SCRIPTS = {
     "triton_accuracy": "triton_accuracy.py",
     "triton_config_sweep": "triton_config_sweep.py",
     "notebooks": "run_notebooks.py",
+    "gpu_notebook_check": "run_notebooks.py",
     "mqar": "mqar_sweep.py",
     "sequence_parallel": "sequence_parallel_bench.py",
     "fla_layer": "fla_layer_check.py",
