@@ -158,13 +158,9 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path, help="JSON path (default: results/chunk_size_sweep_<device>.json)")
     parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes on any device, to a temp path")
     args = parser.parse_args(argv)
-    bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
-    device.use_triton_interpreter()  # before Triton is first imported: on a CPU, kernels are interpreted
+    on_gpu = bench.start_gpu_run(parser, args.smoke)  # tuning lines, the interpreter on a CPU
     import torch
 
-    on_gpu = torch.cuda.is_available()
-    if not (on_gpu or args.smoke):
-        parser.error("this benchmark needs a CUDA GPU (--smoke exercises it on a CPU)")
     t0 = time.perf_counter()
     shape = SMOKE_SHAPE if args.smoke else dict(B=args.B, T=args.T, H=args.H, K=args.K, V=args.V)
     dtype = torch.float32 if args.smoke else torch.bfloat16  # no bf16 tl.dot in the interpreter

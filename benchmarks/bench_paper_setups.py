@@ -186,13 +186,9 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path)
     parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes on any device, to a temp path")
     args = parser.parse_args(argv)
-    bench.show_tuning()
-    device.use_triton_interpreter()
+    on_gpu = bench.start_gpu_run(parser, args.smoke)  # tuning lines, the interpreter on a CPU
     import torch
 
-    on_gpu = torch.cuda.is_available()
-    if not (on_gpu or args.smoke):
-        parser.error("this benchmark needs a CUDA GPU (--smoke exercises it on a CPU)")
     t0 = time.perf_counter()
     dev = device.torch_device()
     dtype = torch.float32 if args.smoke else torch.bfloat16

@@ -47,8 +47,6 @@ def make_packed(lengths, H, K, V, dtype, dev, seed=0):
 
 def pad(x, lengths):
     """``[1, ΣT, ...]`` packed → ``[N, max T, ...]``, zeros after each sequence's end (log-gate 0 there)."""
-    import torch
-
     out = x.new_zeros(len(lengths), max(lengths), *x.shape[2:])
     start = 0
     for i, n in enumerate(lengths):
@@ -142,13 +140,9 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path)
     parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes on any device, to a temp path")
     args = parser.parse_args(argv)
-    bench.show_tuning()
-    device.use_triton_interpreter()
+    on_gpu = bench.start_gpu_run(parser, args.smoke)  # tuning lines, the interpreter on a CPU
     import torch
 
-    on_gpu = torch.cuda.is_available()
-    if not (on_gpu or args.smoke):
-        parser.error("this benchmark needs a CUDA GPU (--smoke exercises it on a CPU)")
     t0 = time.perf_counter()
     lengths = SMOKE_LENGTHS if args.smoke else LENGTHS
     H, K, V = (2, 16, 24) if args.smoke else (args.H, args.K, args.V)

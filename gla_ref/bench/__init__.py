@@ -49,6 +49,7 @@ from gla_ref.bench.timing import (  # noqa: F401
     matmul_tflops_cuda,
     peak_memory_cuda,
     show_tuning,
+    start_gpu_run,
     time_cuda,
     time_jax,
     time_wall,

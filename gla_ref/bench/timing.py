@@ -18,6 +18,22 @@ def show_tuning() -> None:
     os.environ.setdefault("GLA_REF_SHOW_TUNING", "1")
 
 
+def start_gpu_run(parser, smoke: bool) -> bool:
+    """The opening of a benchmark script with a ``--smoke`` mode: tuning lines on, Triton's interpreter
+    chosen before Triton is first imported (on a CPU), and a parser error unless there is a CUDA GPU
+    or ``smoke`` is set. Returns whether a CUDA GPU is present."""
+    from gla_ref import device
+
+    show_tuning()
+    device.use_triton_interpreter()
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    if not (on_gpu or smoke):
+        parser.error("this benchmark needs a CUDA GPU (--smoke exercises it on a CPU)")
+    return on_gpu
+
+
 def environment() -> dict:
     """Device, library versions (FLA's too, None when absent), ptxas and date: the stamp every stored result carries."""
     import datetime
