@@ -263,7 +263,7 @@ def _args(B=1, T=8, H=2, K=20, V=24, dtype=jnp.float32):
     (lambda q, k, v, g: fused_chunk_gla(q, k[:, :4], v, g), ValueError, "k must have shape"),
     (lambda q, k, v, g: chunk_gla(q, k, v[:, :, :1], g), ValueError, "v must have shape"),
     (lambda q, k, v, g: chunk_gla(q.astype(jnp.float16), k.astype(jnp.float16), v.astype(jnp.float16), g),
-     TypeError, "float32 or bfloat16"),
+     TypeError, "float32 or bfloat16 .* has no float16"),
     (lambda q, k, v, g: chunk_gla(q, k, v, g, chunk_size=24), ValueError, "power of two"),
     (lambda q, k, v, g: chunk_gla(q, k, v, g, chunk_size=8), ValueError, "power of two"),
     (lambda q, k, v, g: chunk_gla(q, k, v, g, chunk_size=0), ValueError, "chunk_size"),

@@ -73,7 +73,9 @@ def check_options(q, k, v, scale, chunk_size, output_final_state):
 
     Returns ``(scale, chunk_size, output_final_state)`` as a Python float, int and bool."""
     if dtype_name(q) not in KERNEL_DTYPES:
-        raise TypeError(f"q, k, v must be float32 or bfloat16 for the Pallas kernels, got {dtype_name(q)}")
+        raise TypeError(f"q, k, v must be float32 or bfloat16 for the Pallas kernels, got {dtype_name(q)}: a TPU's "
+                        "matrix unit has no float16, and the launchers keep one set of dtypes so that a program "
+                        "runs alike on TPU and GPU; cast to bfloat16 (or use gla_ref.triton, which takes float16)")
     check_chunk_sizes(chunk_size)
     if chunk_size < chunk_math.SUB or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= {chunk_math.SUB} for the Pallas kernels, "
