@@ -55,12 +55,36 @@ def triton_interpret() -> bool:
 
 
 def use_triton_interpreter() -> bool:
-    """Set ``TRITON_INTERPRET=1`` when there is no GPU; returns whether it is set.
+    """Run Triton in its CPU interpreter when there is no GPU; returns whether Triton interprets.
 
-    Must run before any ``@triton.jit`` kernel is defined: ``gla_ref.triton`` calls it first.
+    Must run before any ``@triton.jit`` kernel is defined: ``gla_ref.triton`` calls it first. Triton
+    chooses interpreted or compiled versions of its own library functions when it is first imported,
+    from the environment, so ``TRITON_INTERPRET=1`` is set for that import. Where Triton has knobs
+    (3.4 and later) the switch is then handed to ``triton.knobs.runtime.interpret`` and the variable
+    taken out of ``os.environ`` again: it holds for this process, but child processes do not inherit
+    it (a child that imports ``gla_ref.triton`` makes the same choice for itself). A variable the user
+    set is left alone. With an older Triton the variable stays set.
     """
-    if triton_interpret():
+    if triton_interpret() and not triton_interprets():
+        ours = os.environ.get("TRITON_INTERPRET") != "1"
         os.environ["TRITON_INTERPRET"] = "1"
+        import triton
+
+        runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+        if ours and runtime is not None and hasattr(runtime, "interpret"):
+            runtime.interpret = True
+            del os.environ["TRITON_INTERPRET"]
+    return triton_interprets()
+
+
+def triton_interprets() -> bool:
+    """Whether Triton runs kernels in its interpreter now: its knob where it has one, else the variable.
+    Reads Triton's state only once Triton is imported (it is never imported here)."""
+    import sys
+
+    runtime = getattr(getattr(sys.modules.get("triton"), "knobs", None), "runtime", None)
+    if runtime is not None and hasattr(runtime, "interpret"):
+        return bool(runtime.interpret)
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 

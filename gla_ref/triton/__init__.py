@@ -4,27 +4,28 @@ Without a CUDA device, every kernel runs in Triton's CPU interpreter: the switch
 before any kernel is defined, so users set nothing themselves. The interpreter takes float32 and
 float16 inputs; bfloat16 is refused there with a TypeError (its bf16 matmul returns garbage).
 
-What the switch touches, since Triton reads it from the environment: on a machine without CUDA,
-importing this package sets ``TRITON_INTERPRET=1`` in ``os.environ``, so it holds for the whole
-process — every other Triton kernel defined afterwards, other libraries' included, is interpreted
-too — and for every child process started from it. Triton picks interpreted or compiled library
-functions when it is first imported, so on such a machine this package must be imported before
-anything imports ``triton`` (torch's FLOP counter, say); otherwise the import raises an ImportError
-that says so. With a GPU nothing is set.
+What the switch touches (:func:`gla_ref.device.use_triton_interpreter`): on a machine without CUDA,
+importing this package makes Triton interpret for the whole process — every other Triton kernel
+defined afterwards, other libraries' included, is interpreted too. Triton reads the switch from
+``TRITON_INTERPRET`` when it is first imported; where it has knobs (Triton 3.4 and later) the switch
+then moves to ``triton.knobs.runtime.interpret`` and the variable is removed again, so child
+processes do not inherit it (with an older Triton it stays in ``os.environ``, children included).
+Triton picks interpreted or compiled library functions at that first import, so on such a machine
+this package must be imported before anything imports ``triton`` (torch's FLOP counter, say);
+otherwise the import raises an ImportError that says so. With a GPU nothing is set.
 
 ``chunk_gla``, ``chunk_simple_gla``, ``fused_chunk_gla`` and ``fused_recurrent_gla`` take packed
 batches: ``cu_seqlens``, FLA's int64 ``[N + 1]`` offsets into a batch with B = 1, with initial and
 final states ``[N, H, K, V]``.
 """
 
-import os
 import sys
 
-from gla_ref.device import use_triton_interpreter
+from gla_ref.device import triton_interprets, use_triton_interpreter
 
 # Triton's own library functions (tl.sum, tl.cumsum, ...) pick compiled or interpreted mode when
 # triton is first imported: if that happened before the switch, the interpreter cannot run them.
-_imported_compiled = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+_imported_compiled = "triton" in sys.modules and not triton_interprets()
 if use_triton_interpreter() and _imported_compiled:
     raise ImportError("triton was imported before gla_ref.triton on a machine without CUDA, so its "
                       "interpreter cannot run: import gla_ref.triton first, or set TRITON_INTERPRET=1 "

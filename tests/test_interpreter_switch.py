@@ -1,0 +1,63 @@
+"""What importing gla_ref.triton on a machine without CUDA does to Triton and to the environment:
+Triton interprets for this process, the variable that chose it does not leak to child processes
+(where Triton has knobs), a user's own setting is kept, and importing Triton first is refused.
+Each case runs in a fresh Python, since the choice is made once per process."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the switch acts only without CUDA")
+
+
+def _python(code, **env):
+    full = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | env
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full, timeout=300)
+
+
+def test_the_process_interprets_and_children_do_not_inherit_the_variable():
+    run = _python("""
+        import os, subprocess, sys
+        import torch
+        import gla_ref.triton as gt
+        import triton
+        from gla_ref import torch_ref
+        from gla_ref.testing import as_torch, random_inputs, rel_rmse
+        x = as_torch(random_inputs(1, 20, 2, 16, 24, gate="gla", seed=0))
+        o = gt.chunk_gla(x["q"], x["k"], x["v"], x["g"], chunk_size=16)[0]
+        assert rel_rmse(torch_ref.chunk_gla(x["q"], x["k"], x["v"], x["g"])[0], o) < 1e-5
+        has_knob = hasattr(getattr(triton, "knobs", None), "runtime")
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('TRITON_INTERPRET'))"],
+                               capture_output=True, text=True).stdout.strip()
+        print(has_knob, os.environ.get("TRITON_INTERPRET"), child, triton.knobs.runtime.interpret if has_knob else None)
+    """)
+    assert run.returncode == 0, run.stderr[-2000:]
+    has_knob, here, child, knob = run.stdout.split()[-4:]
+    if has_knob == "True":
+        assert (here, child, knob) == ("None", "None", "True")
+    else:  # an older Triton: the variable is the only switch, and it stays
+        assert (here, child) == ("1", "1")
+
+
+def test_a_users_own_variable_is_left_alone():
+    run = _python("""
+        import os
+        import gla_ref.triton
+        print(os.environ.get("TRITON_INTERPRET"))
+    """, TRITON_INTERPRET="1")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "1"
+
+
+def test_importing_triton_first_is_refused_with_the_remedy():
+    run = _python("""
+        import triton
+        import gla_ref.triton
+    """)
+    assert run.returncode != 0
+    assert "ImportError" in run.stderr and "import gla_ref.triton first" in run.stderr
