@@ -7,9 +7,9 @@ float16 inputs; bfloat16 is refused there with a TypeError (its bf16 matmul retu
 What the switch touches (:func:`gla_ref.device.use_triton_interpreter`): on a machine without CUDA,
 importing this package makes Triton interpret for the whole process — every other Triton kernel
 defined afterwards, other libraries' included, is interpreted too. Triton reads the switch from
-``TRITON_INTERPRET`` when it is first imported; where it has knobs (Triton 3.4 and later) the switch
+``TRITON_INTERPRET`` when it is first imported; where it has knobs (``triton.knobs``) the switch
 then moves to ``triton.knobs.runtime.interpret`` and the variable is removed again, so child
-processes do not inherit it (with an older Triton it stays in ``os.environ``, children included).
+processes do not inherit it (with a Triton without knobs it stays in ``os.environ``, children included).
 Triton picks interpreted or compiled library functions at that first import, so on such a machine
 this package must be imported before anything imports ``triton`` (torch's FLOP counter, say);
 otherwise the import raises an ImportError that says so. With a GPU nothing is set.
