@@ -60,8 +60,8 @@ def use_triton_interpreter() -> bool:
     Must run before any ``@triton.jit`` kernel is defined: ``gla_ref.triton`` calls it first. Triton
     chooses interpreted or compiled versions of its own library functions when it is first imported,
     from the environment, so ``TRITON_INTERPRET=1`` is set for that import. Where Triton has knobs
-    (``triton.knobs``; Triton 3.9 has it) the switch is then handed to ``triton.knobs.runtime.interpret`` and the variable
-    taken out of ``os.environ`` again: it holds for this process, but child processes do not inherit
+    (``triton.knobs``; Triton 3.9 has it) the switch is then handed to ``triton.knobs.runtime.interpret``
+    and the variable taken out of ``os.environ`` again: it holds for this process, but child processes do not inherit
     it (a child that imports ``gla_ref.triton`` makes the same choice for itself). A variable the user
     set is left alone. With a Triton that has no knobs the variable stays set.
     """
