@@ -112,6 +112,27 @@ def packed_layout(offsets):
     return gather, rows, cols
 
 
+# ----------------------------------------------------------------------------- head sizes
+
+MAX_K = 256
+"""Largest K per head any kernel (Triton or Pallas) accepts: kernels that need a sum over every key in
+one program (q·k scores, the fused kernels' state slices) hold a chunk's whole K, padded to a power of
+two, in one block."""
+
+MAX_V = 4096
+"""Largest V per head any kernel accepts. Every kernel tiles V, so on-chip blocks do not grow with V;
+HBM buffers do (chunk_gla's states take ``4·K·V`` bytes per chunk and head, 4 MiB at K = 256,
+V = 4096). Tested up to V = 1024 (the GLA paper's 1.3B head is K = 256, V = 512)."""
+
+
+def check_head_dims(K: int, V: int, where: str = "this kernel") -> None:
+    """K (of q and k) at most :data:`MAX_K` and V (of v) at most :data:`MAX_V`, else a ValueError naming them."""
+    if K > MAX_K:
+        raise ValueError(f"q, k: head dim K={K} must be at most {MAX_K} for {where}")
+    if V > MAX_V:
+        raise ValueError(f"v: head dim V={V} must be at most {MAX_V} for {where}")
+
+
 # ----------------------------------------------------------------------------- tensors
 
 def check_inputs(q, k, v, g=None, initial_state=None, *, gate_ranks=(None, 1, 3, 4),

@@ -433,6 +433,8 @@ def test_packed_lm_states_are_one_per_sequence():
     (lambda: GatedLinearAttention(32, 2, gate="mamba"), ValueError, "gate must be one of"),
     (lambda: GatedLinearAttention(32, 2, norm_eps=0), ValueError, "norm_eps"),
     (lambda: GatedLinearAttention(1024, 1, backend="chunk"), ValueError, "K = 512 per head exceeds 256"),
+    (lambda: GatedLinearAttention(16384, 1, expand_k=1 / 128, backend="chunk"), ValueError,
+     "V = 16384 per head exceeds 4096"),
     (lambda: SimpleGatedLinearAttention(32, 3), ValueError, "hidden_size = 32 must be a multiple of num_heads"),
     (lambda: SimpleGatedLinearAttention(32, 4, group_norm_size=3), ValueError, "group_norm_size = 3"),
     (lambda: SimpleGatedLinearAttention(32, 2, layer_idx=2, num_layers=2), ValueError, "layer_idx"),

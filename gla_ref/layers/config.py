@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple
 
+from gla_ref._validate import MAX_K, MAX_V
+
 GATES = ("gla", "scalar", "const", "none")
 """Forget gates of :class:`GatedLinearAttention`: per key channel (GLA), one scalar per head
 (data-dependent), one constant per head (RetNet's γ_h), none (linear attention)."""
@@ -19,8 +21,6 @@ NORMS = ("rms", "layer")
 TORCH_BACKENDS = ("reference", "chunk", "fused_chunk", "fused_recurrent")
 FLAX_BACKENDS = ("reference", "chunk", "fused_chunk")
 SIMPLE_BACKENDS = ("reference", "chunk")
-MAX_KERNEL_DIM = 256
-"""Largest per-head K or V that the Triton and Pallas kernels take."""
 
 FLA_RENAMES = {"g_norm_swish_gate.weight": "g_norm.weight"}
 """FLA's names that differ from ours. FLA fuses the per-head RMSNorm (a weight, no bias) and the Swish
@@ -91,10 +91,12 @@ def _head_dim(name, width, H, expand_name) -> int:
     return width // H
 
 
-def _check_kernel_dims(backend, **dims) -> None:
-    for name, n in dims.items():
-        if backend != "reference" and n > MAX_KERNEL_DIM:
-            raise ValueError(f"{name} = {n} per head exceeds {MAX_KERNEL_DIM}, the most the {backend!r} "
+def _check_kernel_dims(backend, K, V) -> None:
+    """The kernels' head-size limits (:data:`gla_ref._validate.MAX_K`, :data:`~gla_ref._validate.MAX_V`),
+    checked when the layer is built rather than at its first call."""
+    for name, n, most in (("K", K, MAX_K), ("V", V, MAX_V)):
+        if backend != "reference" and n > most:
+            raise ValueError(f"{name} = {n} per head exceeds {most}, the most the {backend!r} "
                              f"kernels take; use backend='reference' or more heads")
 
 
@@ -168,7 +170,7 @@ def simple_sizes(hidden_size, num_heads, head_dim, group_norm_size, use_qk_norm,
     if not isinstance(use_qk_norm, bool):
         raise TypeError(f"use_qk_norm must be a bool, got {use_qk_norm!r}")
     choice("backend", backend, SIMPLE_BACKENDS)
-    _check_kernel_dims(backend, head_dim=D)
+    _check_kernel_dims(backend, K=D, V=D)  # simple GLA: K = V = head_dim
     return SimpleSizes(d, H, D, G, use_qk_norm, positive_number("norm_eps", norm_eps), backend,
                        decay_scale(layer_idx, num_layers))
 

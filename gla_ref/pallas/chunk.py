@@ -29,20 +29,13 @@ import numpy as np
 from jax.lax import Precision
 
 from gla_ref import device
-from gla_ref._validate import (check_chunk_sizes, check_flag, check_gate_values, check_inputs, check_scale,
-                               dtype_name)
+from gla_ref._validate import MAX_K, MAX_V  # noqa: F401 (the limits every kernel shares, named here too)
+from gla_ref._validate import check_chunk_sizes, check_flag, check_gate_values, check_inputs, check_scale, dtype_name
+from gla_ref._validate import check_head_dims as _check_head_dims
 from gla_ref.pallas import chunk_math, gpu, tpu
 
 __all__ = ["chunk_gla"]
 
-MAX_K = 256
-"""Largest K: the kernels hold a chunk's whole (padded) K in one block, ``[C, K]``, and states as
-``[BV, K]`` float32 blocks (TPU: 128 × 256, 128 KiB of VMEM; GPU: 64 × 256)."""
-MAX_V = 4096
-"""Largest V, as in the Triton kernels (:data:`gla_ref.triton._common.MAX_V`): both launchers tile V
-(TPU blocks of 128 values, GPU blocks of 64, one program each), so no block grows with V; only
-the HBM arrays do (the non-fused path's states, ``4·K·V`` bytes per chunk and head, and the
-per-value-block float32 partials of dq and dk, ``4·⌈V/BV⌉·T·K`` per head)."""
 KERNEL_DTYPES = ("float32", "bfloat16")
 LAUNCHERS = {"tpu": tpu, "gpu": gpu}
 HIGHEST = Precision.HIGHEST
@@ -61,11 +54,9 @@ class Plan(NamedTuple):
 # ---------------------------------------------------------------- checks and choices
 
 def check_head_dims(K: int, V: int) -> None:
-    """K (of q and k) at most :data:`MAX_K`, V (of v) at most :data:`MAX_V`: a ValueError naming them."""
-    if K > MAX_K:
-        raise ValueError(f"q, k: head dim K={K} must be at most {MAX_K} for the Pallas kernels")
-    if V > MAX_V:
-        raise ValueError(f"v: head dim V={V} must be at most {MAX_V} for the Pallas kernels")
+    """The head-size limits every kernel shares (:func:`gla_ref._validate.check_head_dims`): the Pallas
+    launchers hold a chunk's whole K in ``[C, K]`` blocks and tile V (TPU 128, GPU 64 values a block)."""
+    _check_head_dims(K, V, "the Pallas kernels")
 
 
 def check_options(q, k, v, scale, chunk_size, output_final_state):

@@ -9,28 +9,9 @@ import torch
 import triton
 
 from gla_ref import device
-from gla_ref._validate import Dims, check_chunk_sizes, check_gate_values, check_inputs
+from gla_ref._validate import MAX_K, MAX_V  # noqa: F401 (the limits every kernel shares, named here too)
+from gla_ref._validate import Dims, check_chunk_sizes, check_gate_values, check_head_dims, check_inputs
 from gla_ref.triton import _ptxas
-
-MAX_K = 256
-"""Largest K a kernel accepts. Kernels that need a sum over every key in one program (q·k scores,
-the fused kernels' state slices) hold the whole K, padded to a power of two, in one block."""
-
-MAX_V = 4096
-"""Largest V a kernel accepts. Every kernel tiles V (a grid axis over ⌈V/BV⌉, or a loop over
-value blocks), so on-chip tiles do not grow with V; HBM buffers do: chunk_gla's states take
-``4·K·V`` bytes per chunk and head (4 MiB at K = 256, V = 4096), and fused_chunk_gla's backward
-writes ``⌈V/256⌉`` float32 partials of dq, dk, dg when V > 256. Tested up to V = 1024 (the GLA
-paper's 1.3B head is K = 256, V = 512)."""
-
-
-def check_head_dims(K: int, V: int, max_k: int = MAX_K, max_v: int = MAX_V) -> None:
-    """K (of q and k) at most ``max_k`` and V (of v) at most ``max_v``, else a ValueError naming them."""
-    if K > max_k:
-        raise ValueError(f"q, k: head dim K={K} must be at most {max_k} for this kernel")
-    if V > max_v:
-        raise ValueError(f"v: head dim V={V} must be at most {max_v} for this kernel")
-
 
 def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_seqlens=None) -> Dims:
     """Validate a launch before any kernel runs: shapes, dtypes, one device, and (in debug mode) values.
