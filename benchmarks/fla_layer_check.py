@@ -1,6 +1,6 @@
 """FLA's GatedLinearAttention layer against gla_ref's, on the same weights (a CUDA GPU with FLA installed).
 
-    python benchmarks/fla_layer_check.py [--out PATH]
+    python benchmarks/fla_layer_check.py [--out PATH] [--only NAME ...] [--keep EARLIER.json]
 
 Builds ``fla.layers.GatedLinearAttention`` at the GLA paper's 340M and 1.3B widths (d = 1024, 4 heads:
 K = 128, V = 256; d = 2048, 4 heads: K = 256, V = 512) and a small one, loads its ``state_dict`` into
@@ -70,6 +70,8 @@ def compare(name, d, H, B, T, dtype):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path)
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only the shapes whose name starts so")
+    parser.add_argument("--keep", type=pathlib.Path, help="start from the rows of this earlier result")
     args = parser.parse_args(argv)
     import fla
     import torch
@@ -79,8 +81,8 @@ def main(argv=None):
     bench.show_tuning()
     env = {**bench.environment(), "fla": fla.__version__}
     out = args.out or ROOT / "benchmarks" / "results" / f"fla_layer_{bench.slug(env['device'])}.json"
-    rows = []
-    for shape in SHAPES:
+    rows = json.loads(args.keep.read_text())["rows"] if args.keep else []
+    for shape in [s for s in SHAPES if not args.only or any(s[0].startswith(n) for n in args.only)]:
         for dtype in (torch.float32, torch.bfloat16):
             rows.append(compare(*shape, dtype))
             print({k: (f"{v:.2e}" if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
