@@ -27,9 +27,7 @@ and writes to the temporary directory unless ``--out`` is given: it exercises th
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
-import tempfile
 import time
 
 from gla_ref import bench, device
@@ -175,12 +173,7 @@ def main(argv=None):
               "implementations": IMPLEMENTATIONS, "parts": PARTS, "rows": rows, "unsupported": unsupported,
               "checks_rel_rmse_vs_chunk_gla": checks, "timer": "bench.time_cuda" if on_gpu else "bench.time_wall",
               "wall_s": time.perf_counter() - t0}
-    slug = bench.slug(env["device"])
-    default = (pathlib.Path(tempfile.gettempdir()) / f"chunk_size_sweep_smoke_{slug}.json" if args.smoke
-               else RESULTS / f"chunk_size_sweep_{slug}.json")
-    path = args.out or default
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
+    path = bench.write_result(result, "chunk_size_sweep", RESULTS, args.out, args.smoke)
     for u in unsupported:
         print(f"C={u['C']:>4} {u['impl']:<7} not run: {u['reason']}")
     if peaks:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import tempfile
 import time
 
 from gla_ref import bench, device
@@ -204,11 +203,7 @@ def main(argv=None):
         result["setups"][key] = {k: setup[k] for k in ("paper", "B", "gla", "attention", "candidates")}
     result["summary"] = summary(result)
     result["wall_s"] = time.perf_counter() - t0
-    slug = bench.slug(env["device"])
-    path = args.out or (pathlib.Path(tempfile.gettempdir()) / f"paper_setups_smoke_{slug}.json" if args.smoke
-                        else RESULTS / f"paper_setups_{slug}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
+    path = bench.write_result(result, "paper_setups", RESULTS, args.out, args.smoke)
     print(json.dumps(result["checks_rel_rmse"], indent=1))
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {path} in {result['wall_s']:.0f} s")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import tempfile
 import time
 
 from gla_ref import bench, device
@@ -163,11 +162,7 @@ def main(argv=None):
         if on_gpu:
             torch.cuda.empty_cache()
     result["wall_s"] = time.perf_counter() - t0
-    slug = bench.slug(env["device"])
-    path = args.out or (pathlib.Path(tempfile.gettempdir()) / f"varlen_smoke_{slug}.json" if args.smoke
-                        else RESULTS / f"varlen_{slug}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
+    path = bench.write_result(result, "varlen", RESULTS, args.out, args.smoke)
     print(f"wrote {path} in {result['wall_s']:.0f} s")
     return path
 

@@ -76,3 +76,17 @@ def test_every_stored_result_that_compares_with_fla_names_its_version():
             compared += 1
             assert result["env"].get("fla"), f"{path.name} compares with FLA but does not stamp its version"
     assert compared >= 2  # triton_bench and chunk_profile at least
+
+
+def test_write_result_places_stored_smoke_and_explicit_results(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    result = {"env": {"device": "NVIDIA H200"}, "rows": [{"x": 1}]}
+    stored = bench.write_result(result, "kind", tmp_path / "results")
+    assert stored == tmp_path / "results" / "kind_nvidia_h200.json"
+    smoke = bench.write_result(result, "kind", tmp_path / "results", smoke=True)
+    assert smoke == tmp_path / "tmp" / "kind_smoke_nvidia_h200.json"
+    chosen = bench.write_result(result, "kind", tmp_path / "results", out=tmp_path / "a" / "b.json", smoke=True)
+    assert chosen == tmp_path / "a" / "b.json"
+    assert all(json.loads(p.read_text()) == result for p in (stored, smoke, chosen))

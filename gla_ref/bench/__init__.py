@@ -41,6 +41,7 @@ from gla_ref.bench.results import (  # noqa: F401
     results_dir,
     series,
     slug,
+    write_result,
 )
 from gla_ref.bench.stages import torch_chunk_parts, triton_chunk_stages  # noqa: F401
 from gla_ref.bench.timing import (  # noqa: F401

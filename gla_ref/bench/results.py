@@ -84,6 +84,21 @@ def latest_results(prefix: str, folder=None):
     return max(found, key=lambda pr: (pr[1]["env"]["date"], len(pr[1]["rows"]), pr[0].name)) if found else None
 
 
+def write_result(result: dict, prefix: str, folder, out=None, smoke: bool = False) -> pathlib.Path:
+    """Write a benchmark result as JSON and return its path: ``out`` if given, else
+    ``<folder>/<prefix>_<device>.json``, or ``<tempdir>/<prefix>_smoke_<device>.json`` for a ``smoke`` run
+    (a smoke run exercises the script and must not replace a stored GPU result)."""
+    import json
+    import tempfile
+
+    name = f"{prefix}_smoke" if smoke else prefix
+    where = pathlib.Path(tempfile.gettempdir()) if smoke else pathlib.Path(folder)
+    path = pathlib.Path(out) if out else where / f"{name}_{slug(result['env']['device'])}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    return path
+
+
 def hint(prefix: str) -> str:
     """What to run to produce a result of kind ``prefix`` (printed where none is stored): the commands
     from a fresh clone of the repository, since the benchmark scripts are not installed with the package."""
