@@ -224,6 +224,19 @@ def gate_value_error(name: str, g, index: tuple, what: str = GATES_ARE, advice: 
     return ValueError(f"{head}, got {value:.3g} > 0 at {where}: {PROBABILITY_ADVICE.format(name=name)}")
 
 
+def valid_gate_mask(g):
+    """Where ``g`` (a PyTorch, JAX or NumPy array) is a valid log-gate: finite and ≤ 0 (NaN fails both
+    comparisons)."""
+    return (g <= 0) & (g > -math.inf)
+
+
+def invalid_gates_to_nan(g, where):
+    """``g`` with every invalid log-gate replaced by NaN, by the array's framework's ``where``
+    (``torch.where``, ``jnp.where``): how code that cannot afford a sync (a kernel's wrapper, a traced
+    program) makes an invalid gate loud instead of finite and wrong."""
+    return where(valid_gate_mask(g), g, math.nan)
+
+
 def check_gate_values(name: str, g, what: str = GATES_ARE, advice: bool = True) -> None:
     """Raise :func:`gate_value_error` for the first invalid entry of the log-gate ``g``, if any.
 
@@ -233,7 +246,7 @@ def check_gate_values(name: str, g, what: str = GATES_ARE, advice: bool = True) 
     """
     if g is None:
         return
-    bad = ~((g <= 0) & (g > -math.inf))  # NaN fails both comparisons
+    bad = ~valid_gate_mask(g)
     if not bool(bad.any()):
         return
     mask = _host_bool(bad)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from gla_ref._validate import (_check_gate, check_chunk_sizes, check_flag, check_gate_values,
+from gla_ref._validate import (_check_gate, check_chunk_sizes, check_flag, check_gate_values, invalid_gates_to_nan,
                                check_inputs, check_scale, packed_layout)
 
 __all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level", "expand_gate"]
@@ -100,7 +100,7 @@ def _checked(q, k, v, g, scale, initial_state, cu_seqlens=None):
     scale = check_scale(scale, dims.K)
     _check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
     if g is not None and _concrete(g) is None:  # traced by jit: unchecked, so an invalid gate gives NaN
-        g = jnp.where((g <= 0) & (g > -jnp.inf), g, jnp.nan)
+        g = invalid_gates_to_nan(g, jnp.where)
     g = expand_gate(g, dims.B, dims.T, dims.H, dims.K)
     offsets = None if cu_seqlens is None else cu_seqlens.tolist()
     if initial_state is None:  # an empty state: every form then has one code path

@@ -32,6 +32,7 @@ from gla_ref import device
 from gla_ref._validate import MAX_K, MAX_V  # noqa: F401 (the limits every kernel shares, named here too)
 from gla_ref._validate import check_chunk_sizes, check_flag, check_gate_values, check_inputs, check_scale, dtype_name
 from gla_ref._validate import check_head_dims as _check_head_dims
+from gla_ref._validate import invalid_gates_to_nan
 from gla_ref.pallas import chunk_math, gpu, tpu
 
 __all__ = ["chunk_gla"]
@@ -150,7 +151,7 @@ def _local_cumsum(g, C):
 
 def valid_gate(g):
     """``g`` where it is a valid log-gate (finite, ≤ 0), NaN elsewhere: one elementwise select."""
-    return jnp.where((g <= 0) & (g > -jnp.inf), g, jnp.nan)
+    return invalid_gates_to_nan(g, jnp.where)
 
 
 def _reverse_cumsum(x, C):

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gla_ref._validate import invalid_gates_to_nan
+
 
 @triton.jit
 def valid_gate(g):
@@ -33,4 +35,4 @@ def at_most_zero(x):
 def invalid_to_nan(g: torch.Tensor) -> torch.Tensor:
     """:func:`valid_gate` for a gate that is combined on the host side before any kernel reads it
     (chunk_simple_gla adds ``g`` and ``g_gamma``: a positive g could hide in a negative sum)."""
-    return torch.where((g <= 0) & (g > float("-inf")), g, float("nan"))
+    return invalid_gates_to_nan(g, torch.where)
