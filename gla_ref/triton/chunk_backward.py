@@ -81,9 +81,9 @@ def _dqkg_configs():
                                                   (64, 64, 4, 2), (32, 64, 8, 2))])
 
 
-@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BV="V")
+@autotune(block_configs("BV"), ["K", "V", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, cu_seqlens, chunk_indices, T, T_BUCKET, H: tl.constexpr,
+def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, cu_seqlens, chunk_indices, T, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                         BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -109,9 +109,9 @@ def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, cu_seqlens, chunk_indices, T, T_BU
     store_rows(dv + base_v, b_dv, t, m_t, o_v, m_v, H * V)
 
 
-@autotune(block_configs("BV"), ["V", "T_BUCKET", "C", "IS_VARLEN"], BV="V")
+@autotune(block_configs("BV"), ["V", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def chunk_bwd_dA_kernel(v, do, dA, cu_seqlens, chunk_indices, scale, T, T_BUCKET, H: tl.constexpr,
+def chunk_bwd_dA_kernel(v, do, dA, cu_seqlens, chunk_indices, scale, T, H: tl.constexpr,
                         V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                         IS_VARLEN: tl.constexpr):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -129,10 +129,10 @@ def chunk_bwd_dA_kernel(v, do, dA, cu_seqlens, chunk_indices, scale, T, T_BUCKET
     store_rows(dA + token_base(bos, i_h, H, C), b_dA, t, m_t, o_t, o_t < C, H * C)
 
 
-@autotune(_dqkg_configs(), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BK="K", BV="V")
+@autotune(_dqkg_configs(), ["K", "V", "C", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
 def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg, cu_seqlens, chunk_indices,
-                          scale, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                          scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                           C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                           IS_VARLEN: tl.constexpr):
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -168,7 +168,7 @@ def chunk_bwd_dv(k, gc, A, dh, do, chunk_size: int, varlen=None) -> torch.Tensor
     V = do.shape[-1]
     dv = torch.empty_like(do)
     grid = lambda meta: (triton.cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
-    chunk_bwd_dv_kernel[grid](k, gc, A, dh, do, dv, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
+    chunk_bwd_dv_kernel[grid](k, gc, A, dh, do, dv, T=T, H=H, K=K,
                               V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(k), **varlen_args(varlen))
     return dv
 
@@ -178,7 +178,7 @@ def chunk_bwd_dA(v, do, scale: float, chunk_size: int, varlen=None) -> torch.Ten
     B, T, H, V = v.shape
     dA = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=v.device)
     chunk_bwd_dA_kernel[(num_chunks(T, chunk_size, varlen), B * H)](
-        v, do, dA, scale=scale, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, V=V, C=chunk_size,
+        v, do, dA, scale=scale, T=T, H=H, V=V, C=chunk_size,
         PREC=_precision(v), **varlen_args(varlen))
     return dA
 
@@ -199,6 +199,6 @@ def chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale: floa
     dg = torch.empty(B, T, H, K, dtype=g_dtype, device=q.device)
     grid = lambda meta: (triton.cdiv(K, meta["BK"]), num_chunks(T, chunk_size, varlen), B * H)
     chunk_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg, scale=scale, T=T,
-                                T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V, C=chunk_size,
+                                H=H, K=K, V=V, C=chunk_size,
                                 PREC=_precision(q), **varlen_args(varlen))
     return dq, dk, dg

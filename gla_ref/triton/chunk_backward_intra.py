@@ -120,9 +120,9 @@ def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, r, b_g, i_n
     return b_dq, b_dk
 
 
-@autotune(_configs(), ["K", "T_BUCKET", "C", "IS_VARLEN"])
+@autotune(_configs(), ["K", "C", "IS_VARLEN"])
 @triton.jit
-def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, T_BUCKET, H: tl.constexpr,
+def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, H: tl.constexpr,
                            K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
                            UNROLL: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_ki, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -156,6 +156,6 @@ def chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size: int, varlen=None):
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(dq)
     grid = (triton.cdiv(K, BK) * (chunk_size // c), num_chunks(T, chunk_size, varlen), B * H)
-    chunk_bwd_intra_kernel[grid](q, k, gc, dA, dq, dk, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
+    chunk_bwd_intra_kernel[grid](q, k, gc, dA, dq, dk, T=T, H=H, K=K,
                                  C=chunk_size, c=c, BK=BK, PREC=_precision(q), **varlen_args(varlen))
     return dq, dk

@@ -85,9 +85,9 @@ def _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, HK: tl.constexpr, c: tl.cons
     return b_D
 
 
-@autotune(_configs(), ["K", "T_BUCKET", "C", "IS_VARLEN"])
+@autotune(_configs(), ["K", "C", "IS_VARLEN"])
 @triton.jit
-def chunk_intra_kernel(q, k, gc, A, cu_seqlens, chunk_indices, scale, T, T_BUCKET, H: tl.constexpr,
+def chunk_intra_kernel(q, k, gc, A, cu_seqlens, chunk_indices, scale, T, H: tl.constexpr,
                        K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
                        PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -123,6 +123,6 @@ def chunk_intra_attention(q, k, gc, scale: float, chunk_size: int, varlen=None) 
     A = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=q.device)
     c = min(SUB_CHUNK, chunk_size)
     grid = (chunk_size // c, num_chunks(T, chunk_size, varlen), B * H)
-    chunk_intra_kernel[grid](q, k, gc, A, scale=scale, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K,
+    chunk_intra_kernel[grid](q, k, gc, A, scale=scale, T=T, H=H, K=K,
                              C=chunk_size, c=c, BK=block(K), PREC=_precision(q), **varlen_args(varlen))
     return A

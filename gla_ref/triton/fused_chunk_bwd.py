@@ -84,9 +84,9 @@ def state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC: tl.constexpr):
     return dS * tl.exp(b_last)[:, None] + dot(tl.trans(b_q * scale * tl.exp(b)), b_do, tl.float32, PREC)
 
 
-@autotune(configs(), ["BK", "BV", "C", "T_BUCKET", "IS_VARLEN"])
+@autotune(configs(), ["BK", "BV", "C", "IS_VARLEN"])
 @triton.jit
-def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T, T_BUCKET,
+def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                    USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
@@ -127,7 +127,7 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T
 
 
 @triton.jit  # not autotuned: it overwrites its input dg, so an autotuner's rerun would read dg for q ⊙ dq
-def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part_stride, T, T_BUCKET,
+def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part_stride, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
@@ -177,9 +177,9 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part
         tl.store(p_s, dS, mask=m_s)
 
 
-@autotune(configs(), ["BK", "BV", "C", "T_BUCKET", "IS_VARLEN"])
+@autotune(configs(), ["BK", "BV", "C", "IS_VARLEN"])
 @triton.jit
-def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T, T_BUCKET,
+def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr):

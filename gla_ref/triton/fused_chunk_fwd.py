@@ -71,7 +71,7 @@ def launch_meta(q, v, chunk_size, whole, varlen=None):
         BV = min(block(V), WHOLE_V)
         BK = min(block(K), max(16, STATE_ELEMENTS // BV))
         grid = (triton.cdiv(K, BK), num_sequences(B, varlen) * H, triton.cdiv(V, BV))
-    meta = dict(T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
+    meta = dict(T=T, H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
                 PREC="ieee" if q.dtype == torch.float32 else "tf32",
                 cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)
     return grid, meta
@@ -182,9 +182,9 @@ def state_step(S, b_k, b_v, b, b_last, PREC: tl.constexpr):
 
 # ----------------------------------------------------------------------------- the kernel
 
-@autotune(configs(), ["BK", "BV", "C", "T_BUCKET", "IS_VARLEN"])
+@autotune(configs(), ["BK", "BV", "C", "IS_VARLEN"])
 @triton.jit
-def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T, T_BUCKET,
+def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                 BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                 USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr):

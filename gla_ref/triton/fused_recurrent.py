@@ -79,9 +79,9 @@ def _first_token(bos, i_h, T, o_k, o_v, H: tl.constexpr, K: tl.constexpr, V: tl.
     return base_k + t0 * H * K + o_k, base_v + t0 * H * V + o_v
 
 
-@autotune(_configs(), ["BK", "BV", "T_BUCKET", "IS_VARLEN"])
+@autotune(_configs(), ["BK", "BV", "IS_VARLEN"])
 @triton.jit
-def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T, T_BUCKET,
+def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, REVERSE: tl.constexpr,
                 IS_VARLEN: tl.constexpr):
@@ -109,9 +109,9 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T, T_BUCKET,
         tl.store(ht + p_s, S, mask=m_s)
 
 
-@autotune(_configs(), ["BK", "BV", "T_BUCKET", "IS_VARLEN"])
+@autotune(_configs(), ["BK", "BV", "IS_VARLEN"])
 @triton.jit
-def _bwd_dq_kernel(k, v, g, do, dq, h0, cu_seqlens, scale, B, T, T_BUCKET,
+def _bwd_dq_kernel(k, v, g, do, dq, h0, cu_seqlens, scale, B, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_G: tl.constexpr, USE_H0: tl.constexpr, REVERSE: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Forward replay: rebuild S_t and write this value block's part of dq_t = scale · S_t do_tᵀ."""
@@ -137,9 +137,9 @@ def _bwd_dq_kernel(k, v, g, do, dq, h0, cu_seqlens, scale, B, T, T_BUCKET,
         p_vo += step * H * V
 
 
-@autotune(_configs(), ["BK", "BV", "T_BUCKET", "IS_VARLEN"])
+@autotune(_configs(), ["BK", "BV", "IS_VARLEN"])
 @triton.jit
-def _bwd_dkv_kernel(q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, cu_seqlens, scale, B, T, T_BUCKET,
+def _bwd_dkv_kernel(q, k, v, g, do, dq, dk, dv, dg, ht, dht, dh0, cu_seqlens, scale, B, T,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, REVERSE: tl.constexpr,
                     IS_VARLEN: tl.constexpr):
@@ -182,7 +182,7 @@ def _grid_args(q, v, varlen):
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK, BV = _blocks(K, V)
-    meta = dict(T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V, BK=BK, BV=BV,
+    meta = dict(T=T, H=H, K=K, V=V, BK=BK, BV=BV,
                 cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)
     return (triton.cdiv(V, BV), num_sequences(B, varlen) * H), meta
 

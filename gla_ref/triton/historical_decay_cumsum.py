@@ -24,9 +24,9 @@ from gla_ref.triton._common import autotune, autotune_configs
 from gla_ref.triton._gates import valid_gate
 
 
-@autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]), ["K", "BK", "T_BUCKET"])
+@autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]), ["K", "BK"])
 @triton.jit
-def decay_cumsum_kernel(g, b, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+def decay_cumsum_kernel(g, b, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                         BK: tl.constexpr):
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -43,5 +43,5 @@ def launch_decay_cumsum(g: torch.Tensor, BT: int, BK: int) -> torch.Tensor:
     B, T, H, K = g.shape
     b = torch.empty(g.shape, dtype=torch.float32, device=g.device)
     grid = (triton.cdiv(K, BK), triton.cdiv(T, BT), B * H)
-    decay_cumsum_kernel[grid](g, b, T, triton.next_power_of_2(T), H=H, K=K, BT=BT, BK=BK)
+    decay_cumsum_kernel[grid](g, b, T, H=H, K=K, BT=BT, BK=BK)
     return b

@@ -23,9 +23,9 @@ from gla_ref.triton._common import autotune, autotune_configs
 
 
 @autotune(autotune_configs([triton.Config({}, num_warps=w, num_stages=s)
-                                           for w, s in ((2, 1), (4, 2), (4, 1), (8, 2))]), ["K", "V", "BK", "BV", "T_BUCKET"])
+                                           for w, s in ((2, 1), (4, 2), (4, 1), (8, 2))]), ["K", "V", "BK", "BV"])
 @triton.jit
-def fused_chunk_fwd_kernel(qg, kg, v, b, o, h0, ht, T, T_BUCKET, B, H: tl.constexpr, K: tl.constexpr,
+def fused_chunk_fwd_kernel(qg, kg, v, b, o, h0, ht, T, B, H: tl.constexpr, K: tl.constexpr,
                            V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            PREC: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
@@ -66,7 +66,7 @@ def launch_fused_chunk(qg, kg, v, b, h0, output_final_state: bool, BT: int, BK: 
     grid = (triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)
     o = torch.empty(grid[1], B, T, H, V, dtype=torch.float32, device=v.device)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=v.device) if output_final_state else None
-    fused_chunk_fwd_kernel[grid](qg, kg, v, b, o, h0, ht, T, triton.next_power_of_2(T), B, H=H, K=K, V=V,
+    fused_chunk_fwd_kernel[grid](qg, kg, v, b, o, h0, ht, T, B, H=H, K=K, V=V,
                                  BT=BT, BK=BK, BV=BV, PREC="ieee" if v.dtype == torch.float32 else "tf32",
                                  USE_H0=h0 is not None, STORE_HT=output_final_state)
     return o, ht

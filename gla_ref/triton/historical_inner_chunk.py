@@ -24,9 +24,9 @@ from gla_ref.triton._common import autotune, autotune_configs
 from gla_ref.triton._gates import at_most_zero
 
 
-@autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (4, 2, 8)]), ["K", "BK", "T_BUCKET"])
+@autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (4, 2, 8)]), ["K", "BK"])
 @triton.jit
-def inner_chunk_kernel(q, k, b, A, scale, T, T_BUCKET, B, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+def inner_chunk_kernel(q, k, b, A, scale, T, B, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr):
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -57,5 +57,5 @@ def launch_inner_chunk(q, k, b, scale: float, BT: int, BK: int) -> torch.Tensor:
     B, T, H, K = q.shape
     grid = (triton.cdiv(K, BK), triton.cdiv(T, BT), B * H)
     A = torch.empty(grid[0], B, H, grid[1], BT, BT, dtype=torch.float32, device=q.device)
-    inner_chunk_kernel[grid](q, k, b, A, scale, T, triton.next_power_of_2(T), B, H=H, K=K, BT=BT, BK=BK)
+    inner_chunk_kernel[grid](q, k, b, A, scale, T, B, H=H, K=K, BT=BT, BK=BK)
     return A

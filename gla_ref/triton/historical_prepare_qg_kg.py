@@ -24,9 +24,9 @@ from gla_ref.triton._common import autotune, autotune_configs
 from gla_ref.triton._gates import at_most_zero
 
 
-@autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]), ["K", "BK", "T_BUCKET"])
+@autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]), ["K", "BK"])
 @triton.jit
-def prepare_qg_kg_kernel(q, k, b, qg, kg, scale, T, T_BUCKET, H: tl.constexpr, K: tl.constexpr,
+def prepare_qg_kg_kernel(q, k, b, qg, kg, scale, T, H: tl.constexpr, K: tl.constexpr,
                          BT: tl.constexpr, BK: tl.constexpr):
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -51,5 +51,5 @@ def launch_prepare_qg_kg(q, k, b, scale: float, BT: int, BK: int):
     B, T, H, K = q.shape
     qg, kg = torch.empty_like(q), torch.empty_like(k)
     grid = (triton.cdiv(K, BK), triton.cdiv(T, BT), B * H)
-    prepare_qg_kg_kernel[grid](q, k, b, qg, kg, scale, T, triton.next_power_of_2(T), H=H, K=K, BT=BT, BK=BK)
+    prepare_qg_kg_kernel[grid](q, k, b, qg, kg, scale, T, H=H, K=K, BT=BT, BK=BK)
     return qg, kg
