@@ -175,14 +175,19 @@ def test_chunk_gla_stage_costs_by_hand():
     s = bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, c=16)
     # g (4 bytes) read and gc (4 bytes) written
     assert s["cumsum"] == {"tc_flops": 0, "fp32_flops": 0, "bytes": 512 * 8}
-    # KᵀV: 2·32·16·16 FLOPs; k, v in bf16 (2·512·2), gc (512·4), one 16×16 float32 state (1024)
-    assert s["state"] == {"tc_flops": 16384, "fp32_flops": 0, "bytes": 2048 + 2048 + 1024}
+    # KᵀV: 2·32·16·16 FLOPs; k, v in bf16 (2·512·2), gc (512·4), one 16×16 state in bf16 (512)
+    assert s["state"] == {"tc_flops": 16384, "fp32_flops": 0, "bytes": 2048 + 2048 + 512}
     # one off-diagonal 16×16 tile of QKᵀ (2·16·16·16) on tensor cores, two diagonal ones in float32;
     # q, k read (2048), gc (2048), A (32·32·4) written
     assert s["intra"] == {"tc_flops": 8192, "fp32_flops": 16384, "bytes": 2048 + 2048 + 4096}
     # (Q ⊙ Λ) S: 2·32·16·16; A V over the three lower tiles: 3·2·16·16·16; q + gc (3072), the state,
     # A, v read and o written
-    assert s["output"] == {"tc_flops": 16384 + 24576, "fp32_flops": 0, "bytes": 3072 + 1024 + 4096 + 2048}
+    assert s["output"] == {"tc_flops": 16384 + 24576, "fp32_flops": 0, "bytes": 3072 + 512 + 4096 + 2048}
+    # states_in_fp32=True: the state written by one kernel and read by the other takes 1024 bytes
+    s32 = bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, c=16, state_bytes=4)
+    assert {k: s32[k]["bytes"] - s[k]["bytes"] for k in s} == {"cumsum": 0, "state": 512, "intra": 0, "output": 512}
+    with pytest.raises(ValueError, match="state_bytes"):
+        bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, state_bytes=0)
 
 
 @pytest.mark.parametrize("B,T,H,K,V,C", [(2, 1000, 3, 64, 32, 64), (8, 4096, 16, 128, 128, 32)])
@@ -204,9 +209,10 @@ def test_fused_and_simple_costs_by_hand():
     # simple GLA at K = V = d is the chunkwise count of chapter 1, all on tensor cores
     cost = bench.chunk_simple_gla_cost(2, 300, 3, 64, 64, C=64)
     assert cost["tc_flops"] == 2 * 3 * bench.flops_chunkwise(300, 64, 64) and cost["fp32_flops"] == 0
-    # bytes with T=C=16, K=V=16, B=H=1: gate 16·(4+4); state: k, v (1024), gc (64), one state (1024);
-    # output: q, k, v, o (2048), gc (64), the state (1024)
-    assert bench.chunk_simple_gla_cost(1, 16, 1, 16, 16, C=16)["bytes"] == 128 + 2112 + 3136
+    # bytes with T=C=16, K=V=16, B=H=1: gate 16·(4+4); state: k, v (1024), gc (64), one bf16 state (512);
+    # output: q, k, v, o (2048), gc (64), the state (512); with float32 states 2 · 512 more
+    assert bench.chunk_simple_gla_cost(1, 16, 1, 16, 16, C=16)["bytes"] == 128 + 1600 + 2624
+    assert bench.chunk_simple_gla_cost(1, 16, 1, 16, 16, C=16, state_bytes=4)["bytes"] == 128 + 2112 + 3136
 
 
 def test_sdpa_cost_is_the_causal_half_of_attention():
@@ -229,20 +235,26 @@ def test_forward_cost_and_allocations_reject_unknown_names():
 
 
 def test_allocations_by_hand():
-    # B=2, T=100, H=1, K=V=8, bf16: gc 2·100·8·4, ⌈100/64⌉ = 2 states of 8×8 float32 per sequence,
-    # A 2·100·64·4, o 2·100·8·2
-    assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8) == {"gc": 6400, "states": 2 * 2 * 256,
+    # B=2, T=100, H=1, K=V=8, bf16: gc 2·100·8·4, ⌈100/64⌉ = 2 states of 8×8 per sequence in the
+    # input dtype (bf16: 128 bytes; float32 with states_in_fp32: 256), A 2·100·64·4, o 2·100·8·2
+    assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8) == {"gc": 6400, "states": 2 * 2 * 128,
                                                                         "A": 51200, "o": 3200}
+    assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8, state_bytes=4)["states"] == 2 * 2 * 256
+    assert bench.forward_allocations("chunk_simple_gla", 2, 100, 1, 8, 8, act_bytes=4)["states"] == 2 * 2 * 256
     assert bench.forward_allocations("fused_chunk_gla", 2, 100, 1, 8, 8) == {"o": 3200}
 
 
 def test_materialised_allocations_match_the_stored_gpu_peaks():
     path, result = bench.latest_results("triton_bench", ROOT / "benchmarks" / "results")
     sh = result["shape"]
+    # bytes of a stored chunk state in that run: results written before chunk_gla stored its states in
+    # the input dtype (states_in_fp32 did not exist) record none, and their states were float32
+    state = sh.get("state_bytes", 4)
     checked = 0
     for name in ("chunk_gla", "chunk_simple_gla"):
         for T, peak in zip(*bench.series(result, name, "fwd_peak_bytes")):
-            assert peak == sum(bench.forward_allocations(name, sh["B"], T, sh["H"], sh["K"], sh["V"]).values())
+            allocs = bench.forward_allocations(name, sh["B"], T, sh["H"], sh["K"], sh["V"], state_bytes=state)
+            assert peak == sum(allocs.values())
             checked += 1
     assert checked >= 4, f"{path.name} holds too few forward peaks"
 

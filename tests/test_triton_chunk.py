@@ -120,6 +120,29 @@ def test_non_contiguous_inputs():
     torch.testing.assert_close(s1, s2, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [F32, F16, *([BF16] if CUDA else [])], ids=lambda d: str(d)[6:])
+def test_states_in_fp32_option(dtype):
+    """Both state dtypes of the forward against the float64 reference, o, the final state and every
+    gradient. The output kernel rounds each state to q's dtype for its matmul, so storing it rounded
+    gives the same o bit for bit; the backward recomputes float32 states either way."""
+    c = Case(dtype, 2, 70, 2, 24, 20, C=32)
+    runs = {}
+    for flag in (False, True):
+        t = as_torch(random_inputs(c.B, c.T, c.H, c.K, c.V, "gla", seed=11, initial_state=True), dtype=dtype,
+                     device=DEV, requires_grad=True)
+        names = ["q", "k", "v", "g", "initial_state"]
+        o, ht = chunk_gla(t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"], output_final_state=True,
+                          chunk_size=c.C, states_in_fp32=flag)
+        r = float64_copies(t)
+        ro, rht = recurrent_gla(r["q"], r["k"], r["v"], r["g"], initial_state=r["initial_state"],
+                                output_final_state=True)
+        compare_with_reference(c, t, r, names, (o, ht), (ro, rht), f"states_in_fp32={flag}", DEV)
+        assert ht.dtype == F32
+        runs[flag] = (o.detach(), ht.detach(), *(t[n].grad for n in names))
+    for got16, got32 in zip(runs[False], runs[True]):
+        torch.testing.assert_close(got16, got32, rtol=0, atol=0)
+
+
 def test_scale_is_used():
     x = as_torch(random_inputs(1, 9, 1, 16, 16), device=DEV)
     o, _ = chunk_gla(x["q"], x["k"], x["v"], x["g"], scale=0.3, chunk_size=16)
@@ -143,6 +166,9 @@ def _bad_inputs():
         "chunk_size-20": ((q, k, v, g), {"chunk_size": 20}, ValueError, "chunk_size"),
         "chunk_size-128": ((q, k, v, g), {"chunk_size": 128}, ValueError, "chunk_size"),
         "chunk_size-True": ((q, k, v, g), {"chunk_size": True}, ValueError, "chunk_size"),
+        "states_in_fp32-int": ((q, k, v, g), {"states_in_fp32": 1}, TypeError, "states_in_fp32"),
+        "states_in_fp32-None": ((q, k, v, g), {"states_in_fp32": None}, TypeError, "states_in_fp32"),
+        "states_in_fp32-dtype": ((q, k, v, g), {"states_in_fp32": torch.float32}, TypeError, "states_in_fp32"),
     }
 
 
@@ -298,13 +324,16 @@ def test_fwd_intra_A_step(c):
     assert torch.count_nonzero(A.cpu()[above]) == 0
 
 
+@pytest.mark.parametrize("states_in_fp32", [False, True], ids=["states-input-dtype", "states-fp32"])
 @pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
-def test_fwd_state_step(c):
-    """h[:, :, n] is the state entering chunk n and ht the final state, from the float64 token recurrence."""
+def test_fwd_state_step(c, states_in_fp32):
+    """h[:, :, n] is the state entering chunk n and ht the final state, from the float64 token recurrence;
+    h in k's dtype unless ``states_in_fp32``, the final state always float32."""
     t, gc = _step_inputs(c)
-    h, ht = chunk_state_fwd(t["k"], t["v"], gc, t["initial_state"], True, c.C)
+    h, ht = chunk_state_fwd(t["k"], t["v"], gc, t["initial_state"], True, c.C, states_in_fp32=states_in_fp32)
     N = -(-c.T // c.C)
-    assert h.dtype == ht.dtype == F32 and ht.shape == t["initial_state"].shape
+    assert h.dtype == (F32 if states_in_fp32 else c.dtype) and ht.dtype == F32
+    assert ht.shape == t["initial_state"].shape
     assert h.shape == (c.B, c.H, N, c.K, c.K + 7)
     k, v, g, S = (x.double().cpu() for x in (t["k"], t["v"], t["g"], t["initial_state"]))
     ref = []

@@ -145,6 +145,25 @@ def test_simple_matches_chunk_gla_with_broadcast_gate():
     assert_close("dg", g_full.grad.sum(-1), g.grad, TOL[F32])
 
 
+def test_states_in_fp32_option():
+    """fp16 inputs: both state dtypes of the forward within tolerance of float64, the same o bit for bit
+    (the output kernel rounds each state to q's dtype for its matmul), the same gradients."""
+    x = as_torch(random_inputs(1, 40, 2, 16, 24, "scalar", initial_state=True), dtype=F16, device=DEV)
+    gamma = as_torch(random_inputs(1, 1, 2, 1, 1, "const"), device=DEV)["g"]
+    r = float64_copies(x)
+    ro, _ = recurrent_gla(r["q"], r["k"], r["v"], r["g"] + gamma.double(), initial_state=r["initial_state"])
+    runs = []
+    for flag in (False, True):
+        q = x["q"].clone().requires_grad_()
+        o, _ = chunk_simple_gla(q, x["k"], x["v"], x["g"], g_gamma=gamma, initial_state=x["initial_state"],
+                                chunk_size=16, states_in_fp32=flag)
+        assert_close("o", ro, o, TOL[F16])
+        o.backward(torch.ones_like(o))
+        runs.append((o.detach(), q.grad))
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_dg_sums_only_the_partials_the_chosen_config_wrote(monkeypatch):
     """While autotuning, every BK config writes its key-block partials of dg into one buffer; rows that
     the chosen config does not write hold stale values (NaN here) and must not enter the sum."""
@@ -192,6 +211,7 @@ def _bad_inputs():
         "K>256": ((big["q"], big["k"], big["v"], big["g"]), {}, ValueError, "at most 256"),
         "scale-str": ((q, k, v, g), {"scale": "0.5"}, TypeError, "scale"),
         "chunk_size-8": ((q, k, v, g), {"chunk_size": 8}, ValueError, "chunk_size"),
+        "states_in_fp32-str": ((q, k, v, g), {"states_in_fp32": "no"}, TypeError, "states_in_fp32"),
     }
 
 

@@ -126,7 +126,9 @@ def datasheet_peaks(device: str):
 # once (a tile re-read by several programs is taken to hit L2). Elementwise work (exp, masks) is not
 
 
-# counted. q, k, v, o take act_bytes (bf16: 2); gates and every intermediate are float32.
+# counted. q, k, v, o take act_bytes (bf16: 2); gates and every intermediate are float32, except the
+# materialised chunk states, which take state_bytes (default act_bytes: chunk_gla and chunk_simple_gla
+# store them in the input dtype; 4 with their states_in_fp32=True).
 
 
 def _cost(tc_flops=0, fp32_flops=0, nbytes=0):
@@ -137,21 +139,32 @@ def _add_costs(costs):
     return _cost(*(sum(c[key] for c in costs) for key in ("tc_flops", "fp32_flops", "bytes")))
 
 
-def _chunk_state_bytes(B, T, H, K, V, C):
-    """The float32 states of every chunk, ``[B, H, ⌈T/C⌉, K, V]``, as chunk_gla materialises them."""
-    return B * -(-T // C) * state_bytes(H, K, V)
+def _chunk_state_bytes(B, T, H, K, V, C, dtype_bytes):
+    """The states of every chunk, ``[B, H, ⌈T/C⌉, K, V]``, as chunk_gla materialises them, at
+    ``dtype_bytes`` an element."""
+    return B * -(-T // C) * state_bytes(H, K, V, dtype_bytes)
 
 
-def chunk_gla_stage_costs(B, T, H, K, V, C=64, c=16, act_bytes=2, gate_bytes=4) -> dict:
+def _state_dtype_bytes(act_bytes, state_bytes):
+    """Bytes of a stored chunk state: ``state_bytes``, or the activations' when None (the default of
+    chunk_gla and chunk_simple_gla: states in the input dtype)."""
+    return act_bytes if state_bytes is None else state_bytes
+
+
+def chunk_gla_stage_costs(B, T, H, K, V, C=64, c=16, act_bytes=2, gate_bytes=4, state_bytes=None) -> dict:
     """Cost of each forward kernel of ``gla_ref.triton.chunk_gla`` (chapter 4), the FLOPs from
     :func:`two_level_flop_split`: ``cumsum`` (g → gc, the float32 chunk-local cumulative log-gate
     log Λ), ``state`` (the inter-chunk recurrence: k, v, gc → a float32 state per chunk), ``intra``
     (q, k, gc → the float32 ``C × C`` blocks A: sub-chunk pairs on tensor cores, diagonal tiles in
-    float32) and ``output`` (q, gc, states, A, v → o by ``(Q ⊙ Λ) S + A V``)."""
-    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, c=c, act_bytes=act_bytes, gate_bytes=gate_bytes)
+    float32) and ``output`` (q, gc, states, A, v → o by ``(Q ⊙ Λ) S + A V``). The states take
+    ``state_bytes`` an element: None means ``act_bytes`` (chunk_gla's default), 4 its
+    ``states_in_fp32=True``."""
+    state_bytes = _state_dtype_bytes(act_bytes, state_bytes)
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, c=c, act_bytes=act_bytes, gate_bytes=gate_bytes,
+                   state_bytes=state_bytes)
     f = {key: B * H * n for key, n in two_level_flop_split(T, C, c, K, V).items() if key != "half_fraction"}
     xk, xv = B * T * H * K, B * T * H * V  # elements of q, k or gc; of v or o
-    states, A = _chunk_state_bytes(B, T, H, K, V, C), B * T * H * C * 4
+    states, A = _chunk_state_bytes(B, T, H, K, V, C, state_bytes), B * T * H * C * 4
     return {
         "cumsum": _cost(nbytes=xk * (gate_bytes + 4)),
         "state": _cost(f["state"], 0, (xk + xv) * act_bytes + xk * 4 + states),
@@ -172,15 +185,17 @@ def fused_chunk_gla_cost(B, T, H, K, V, C=16, act_bytes=2, gate_bytes=4) -> dict
                  xk * (2 * act_bytes + gate_bytes) + 2 * xv * act_bytes)
 
 
-def chunk_simple_gla_cost(B, T, H, K, V, C=64, act_bytes=2, gate_bytes=4) -> dict:
+def chunk_simple_gla_cost(B, T, H, K, V, C=64, act_bytes=2, gate_bytes=4, state_bytes=None) -> dict:
     """Cost of ``gla_ref.triton.chunk_simple_gla``'s forward: a scalar gate per token and head, so
     the intra-chunk block is one ``C × C`` matmul (``c = C``, all on tensor cores); kernels: cumsum,
-    state (float32 states per chunk), output (q, k, v, gc, states → o); gc is the chunk-local
-    cumulative log-gate log Λ."""
-    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, act_bytes=act_bytes, gate_bytes=gate_bytes)
+    state (a state per chunk, ``state_bytes`` an element: None means ``act_bytes``, the kernel's
+    default), output (q, k, v, gc, states → o); gc is the chunk-local cumulative log-gate log Λ."""
+    state_bytes = _state_dtype_bytes(act_bytes, state_bytes)
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, act_bytes=act_bytes, gate_bytes=gate_bytes,
+                   state_bytes=state_bytes)
     f = two_level_flop_split(T, C, C, K, V)
     xk, xv, xg = B * T * H * K, B * T * H * V, B * T * H
-    states = _chunk_state_bytes(B, T, H, K, V, C)
+    states = _chunk_state_bytes(B, T, H, K, V, C, state_bytes)
     nbytes = (xg * (gate_bytes + 4)                                   # cumsum
               + (xk + xv) * act_bytes + xg * 4 + states               # state
               + (2 * xk + 2 * xv) * act_bytes + xg * 4 + states)      # output
@@ -198,14 +213,16 @@ def sdpa_causal_cost(B, T, H, K, V, act_bytes=2) -> dict:
     return _cost(B * H * pairs * 2 * (K + V), 0, (2 * xk + 2 * xv) * act_bytes + B * H * T * 4)
 
 
-def forward_cost(name, B, T, H, K, V, act_bytes=2) -> dict:
+def forward_cost(name, B, T, H, K, V, act_bytes=2, state_bytes=None) -> dict:
     """The forward cost of a candidate of ``benchmarks/bench_triton.py`` by its name, at the default
     chunk sizes of its kernel (chunk_gla and chunk_simple_gla 64 with sub-chunks of 16,
-    fused_chunk_gla 16)."""
+    fused_chunk_gla 16); ``state_bytes`` as in :func:`chunk_gla_stage_costs`."""
     models = {
-        "chunk_gla": lambda: _add_costs(chunk_gla_stage_costs(B, T, H, K, V, act_bytes=act_bytes).values()),
+        "chunk_gla": lambda: _add_costs(chunk_gla_stage_costs(B, T, H, K, V, act_bytes=act_bytes,
+                                                              state_bytes=state_bytes).values()),
         "fused_chunk_gla": lambda: fused_chunk_gla_cost(B, T, H, K, V, act_bytes=act_bytes),
-        "chunk_simple_gla": lambda: chunk_simple_gla_cost(B, T, H, K, V, act_bytes=act_bytes),
+        "chunk_simple_gla": lambda: chunk_simple_gla_cost(B, T, H, K, V, act_bytes=act_bytes,
+                                                          state_bytes=state_bytes),
         "sdpa_flash": lambda: sdpa_causal_cost(B, T, H, K, V, act_bytes=act_bytes),
     }
     if name not in models:
@@ -213,18 +230,22 @@ def forward_cost(name, B, T, H, K, V, act_bytes=2) -> dict:
     return models[name]()
 
 
-def forward_allocations(name, B, T, H, K, V, act_bytes=2) -> dict:
+def forward_allocations(name, B, T, H, K, V, act_bytes=2, state_bytes=None) -> dict:
     """Bytes of each tensor that one forward of a ``gla_ref.triton`` kernel allocates at its default
     chunk size (64), no final state asked for. All are alive at once at its end, so their sum is the forward's peak memory above its
     inputs: ``chunk_gla`` gc (the float32 chunk-local cumulative log-gate log Λ), the states of every
     chunk, A and o; ``chunk_simple_gla`` the summed scalar gate, gc, the states and o;
-    ``fused_chunk_gla`` o alone. Keys name the tensors as the kernels do."""
-    _positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes)
+    ``fused_chunk_gla`` o alone. Keys name the tensors as the kernels do. The states take
+    ``state_bytes`` an element: None means ``act_bytes`` (the kernels' default, states in the input
+    dtype), 4 their ``states_in_fp32=True`` (and every build before that option existed)."""
+    state_bytes = _state_dtype_bytes(act_bytes, state_bytes)
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes, state_bytes=state_bytes)
     xk, xv, xg = B * T * H * K, B * T * H * V, B * T * H
     allocs = {
-        "chunk_gla": lambda: {"gc": xk * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64),
+        "chunk_gla": lambda: {"gc": xk * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64, state_bytes),
                               "A": B * T * H * 64 * 4, "o": xv * act_bytes},
-        "chunk_simple_gla": lambda: {"g": xg * 4, "gc": xg * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64),
+        "chunk_simple_gla": lambda: {"g": xg * 4, "gc": xg * 4,
+                                     "states": _chunk_state_bytes(B, T, H, K, V, 64, state_bytes),
                                      "o": xv * act_bytes},
         "fused_chunk_gla": lambda: {"o": xv * act_bytes},
     }

@@ -9,7 +9,8 @@ index i is chunk [i+1] of the math, ``h[:, :, i]`` holds S_[i], the state *enter
 Forward, one kernel per step:
 
 1. gc = log Λ, the chunk-local cumsum of the log-gates, float32   (:mod:`chunk_cumsum`)
-2. h: S_[i], the state entering each chunk, and the final state    (:mod:`chunk_state`)
+2. h: S_[i], the state entering each chunk (stored in the input dtype, or float32 with
+   ``states_in_fp32``), and the final state (float32)              (:mod:`chunk_state`)
 3. A, the intra-chunk matrix: sub-chunk pairs by tensor-core matmuls,
    diagonal sub-chunk tiles in float32 by running gate products    (:mod:`chunk_intra`)
 4. O_[i+1] = scale·(Q ⊙ Λ) S_[i] + (A ⊙ M) V                        (:mod:`chunk_output`)
@@ -18,7 +19,7 @@ Backward, seven numbered steps (those of the FLA reading notes; chapters 4 and 6
 
 1. gc = log Λ: not recomputed, the forward saves it (with A) for the backward.
    Computed once by :func:`chunk_cumsum.chunk_local_cumsum`.
-2. h = S_[0..N−1], the states entering the chunks, recomputed (forward step 2 again).
+2. h = S_[0..N−1], the states entering the chunks, recomputed (forward step 2 again), in float32.
    :func:`chunk_state.chunk_state_fwd` (kernel ``chunk_state_fwd_kernel``).
 3. dh = dS_[1..N], the reverse recurrence dS_[i] = γ_{i+1} ⊙ dS_[i+1] + scale·(Q ⊙ Λ)ᵀ dO over
    chunk [i+1], from the final-state cotangent dS_[N] down to dh0 = dS_[0].
@@ -58,11 +59,12 @@ from gla_ref.triton.chunk_state import chunk_state_bwd, chunk_state_fwd
 
 class ChunkGLAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, varlen=None):
+    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, varlen=None,
+                states_in_fp32=False):
         q, k, v, g = (x.contiguous() for x in (q, k, v, g))
         h0 = None if initial_state is None else initial_state.contiguous()
         gc = chunk_local_cumsum(g, chunk_size, varlen)
-        h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size, varlen)
+        h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32)
         A = chunk_intra_attention(q, k, gc, scale, chunk_size, varlen)
         o = chunk_output(q, v, gc, h, A, scale, chunk_size, varlen)
         ctx.save_for_backward(q, k, v, gc, h0, A)
@@ -76,15 +78,15 @@ class ChunkGLAFunction(torch.autograd.Function):
         C, scale, varlen = ctx.chunk_size, ctx.scale, ctx.varlen
         do = do.contiguous()
         dht = None if dht is None else dht.contiguous()
-        h, _ = chunk_state_fwd(k, v, gc, h0, False, C, varlen)
+        h, _ = chunk_state_fwd(k, v, gc, h0, False, C, varlen, states_in_fp32=True)  # dq, dk read it: float32
         dh, dh0 = chunk_state_bwd(q, gc, do, dht, scale, h0 is not None, C, varlen)
         dv = chunk_bwd_dv(k, gc, A, dh, do, C, varlen)
         dq, dk, dg = chunk_bwd_dqkg(q, k, v, gc, h, dh, do, scale, C, ctx.g_dtype, varlen)
-        return dq, dk, dv, dg, None, dh0, None, None, None
+        return dq, dk, dv, dg, None, dh0, None, None, None, None
 
 
 def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-              cu_seqlens=None):
+              cu_seqlens=None, states_in_fp32=False):
     """Gated linear attention, chunkwise with materialised states (Triton; differentiable).
 
     q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H, K]`` log forget gates (≤ 0), all on
@@ -100,10 +102,21 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
     one (NaN, > 0, or -inf, a hard reset: split the sequences with cu_seqlens instead) makes o and
     the final state NaN, or, under ``gla_ref.device.debug(True)``, raises a ValueError naming its
     position.
+
+    ``states_in_fp32`` (a bool, default False, FLA's name): the forward stores the state entering
+    each chunk, ``[B, H, ⌈T/C⌉, K, V]``, in q's dtype, as FLA's forward does: for bf16 or fp16
+    inputs that halves the bytes the state kernel writes and the output kernel reads, and the
+    forward's peak memory by ``2·B·H·⌈T/C⌉·K·V`` bytes. Each stored state is rounded once (the
+    recurrence runs in float32 on chip), to the dtype the output kernel rounds it to for its matmul
+    anyway, so o is the same either way (bit for bit: same rounding, earlier). True stores them in
+    float32 (FLA's choice when its backward reuses them; ours recomputes them). float32 inputs are
+    unaffected; the backward always recomputes the states in float32, and the final state is
+    float32 either way.
     """
     chunk_size = check_chunk_size(chunk_size)
     dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(4,), cu_seqlens=cu_seqlens,
                                   chunk_size=chunk_size)
     output_final_state = check_flag("output_final_state", output_final_state)
+    states_in_fp32 = check_flag("states_in_fp32", states_in_fp32)
     return ChunkGLAFunction.apply(q, k, v, g, check_scale(scale, dims.K), initial_state,
-                                  output_final_state, chunk_size, varlen)
+                                  output_final_state, chunk_size, varlen, states_in_fp32)

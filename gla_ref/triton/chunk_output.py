@@ -11,7 +11,8 @@ is the chunk start, where S_[i] was taken); the second is the intra-chunk part, 
 Grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``: a program owns one chunk's ``C × BV`` tile of O. It forms the intra
 part first (the A and V loads go out before the K loop), then adds the inter part over K blocks of
 BK with the scale folded into the query factor, so one accumulator takes both dots. HBM: q, gc, A,
-the ``K × BV`` slice of S_[i] (float32: the bulk of the bytes), the ``C × BV`` tile of V read; O
+the ``K × BV`` slice of S_[i] (the bulk of the bytes: in q's dtype by default, float32 with
+``states_in_fp32``; converted to q's dtype for the dot either way), the ``C × BV`` tile of V read; O
 written once. Both block sizes are autotuned: BV = V reads q, gc and A once per chunk, BK = K
 issues all loads of the inter part at once. Packed batch (``varlen``): grid ``(⌈V/BV⌉, NT, H)``
 over the NT chunks of all sequences (chunk table row and two offsets read per program); S_[i] is
@@ -45,9 +46,9 @@ def _configs():
                                                   (64, 32, 4, 2))])
 
 
-@autotune(_configs(), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BK="K", BV="V")
+@autotune(_configs(), ["K", "V", "C", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
-def chunk_output_kernel(q, v, gc, h, A, o, cu_seqlens, chunk_indices, scale, T, T_BUCKET, H: tl.constexpr,
+def chunk_output_kernel(q, v, gc, h, A, o, cu_seqlens, chunk_indices, scale, T, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                         BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -78,6 +79,6 @@ def chunk_output(q, v, gc, h, A, scale: float, chunk_size: int, varlen=None) -> 
     V = v.shape[-1]
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
     grid = lambda meta: (triton.cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
-    chunk_output_kernel[grid](q, v, gc, h, A, o, scale=scale, T=T, T_BUCKET=triton.next_power_of_2(T), H=H,
+    chunk_output_kernel[grid](q, v, gc, h, A, o, scale=scale, T=T, H=H,
                               K=K, V=V, C=chunk_size, PREC=_precision(q), **varlen_args(varlen))
     return o

@@ -88,9 +88,9 @@ def _decay_mask(b_g, o_t, TRANSPOSED: tl.constexpr):
     return tl.where(causal, tl.exp(tl.where(causal, diff, 0.0)), 0.0)
 
 
-@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BV="V")
+@autotune(block_configs("BV"), ["K", "V", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def simple_output_kernel(q, k, v, gc, h, o, cu_seqlens, chunk_indices, scale, T, T_BUCKET, H: tl.constexpr,
+def simple_output_kernel(q, k, v, gc, h, o, cu_seqlens, chunk_indices, scale, T, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                          BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -118,9 +118,9 @@ def simple_output_kernel(q, k, v, gc, h, o, cu_seqlens, chunk_indices, scale, T,
     store_rows(o + base_v, b_o, t, m_t, o_v, m_v, H * V)
 
 
-@autotune(block_configs("BV"), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BV="V")
+@autotune(block_configs("BV"), ["K", "V", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, cu_seqlens, chunk_indices, scale, T, T_BUCKET, H: tl.constexpr,
+def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, cu_seqlens, chunk_indices, scale, T, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                          BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -150,9 +150,9 @@ def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, cu_seqlens, chunk_indices, scale,
     store_rows(dv + base_v, b_dv, t, m_t, o_v, m_v, H * V)
 
 
-@autotune(_dqkg_configs(), ["K", "V", "T_BUCKET", "C", "IS_VARLEN"], BK="K")
+@autotune(_dqkg_configs(), ["K", "V", "C", "IS_VARLEN"], BK="K")
 @triton.jit
-def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, cu_seqlens, chunk_indices, scale, T, T_BUCKET,
+def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, cu_seqlens, chunk_indices, scale, T,
                            B: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            STORE_DG: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
@@ -192,7 +192,8 @@ def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, cu_seqlens, chunk
 
 class ChunkSimpleGLAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, g_gamma, scale, initial_state, output_final_state, chunk_size, varlen=None):
+    def forward(ctx, q, k, v, g, g_gamma, scale, initial_state, output_final_state, chunk_size, varlen=None,
+                states_in_fp32=False):
         q, k, v = (x.contiguous() for x in (q, k, v))
         B, T, H, K = q.shape
         g_total = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
@@ -204,11 +205,11 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
             g_total += invalid_to_nan(g_gamma.detach().float())
         h0 = None if initial_state is None else initial_state.contiguous()
         gc = chunk_local_cumsum(g_total, chunk_size, varlen)
-        h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size, varlen)
+        h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32)
         V = v.shape[-1]
         o = torch.empty_like(v, dtype=q.dtype)
         grid = lambda meta: (triton.cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
-        simple_output_kernel[grid](q, k, v, gc, h, o, scale=scale, T=T, T_BUCKET=triton.next_power_of_2(T), H=H,
+        simple_output_kernel[grid](q, k, v, gc, h, o, scale=scale, T=T, H=H,
                                    K=K, V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(q),
                                    **varlen_args(varlen))
         ctx.save_for_backward(q, k, v, gc, h0)
@@ -225,9 +226,9 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         V = v.shape[-1]
         do = do.contiguous()
         dht = None if dht is None else dht.contiguous()
-        h, _ = chunk_state_fwd(k, v, gc, h0, False, C, varlen)
+        h, _ = chunk_state_fwd(k, v, gc, h0, False, C, varlen, states_in_fp32=True)  # dq, dk read it: float32
         dh, dh0 = chunk_state_bwd(q, gc, do, dht, scale, h0 is not None, C, varlen)
-        meta = {"T": T, "T_BUCKET": triton.next_power_of_2(T), "H": H, "K": K, "V": V, "C": C,
+        meta = {"T": T, "H": H, "K": K, "V": V, "C": C,
                 "PREC": _precision(q), **varlen_args(varlen)}
         dv = torch.empty_like(do, dtype=v.dtype)
         grid = lambda m: (triton.cdiv(V, m["BV"]), num_chunks(T, C, varlen), B * H)
@@ -247,7 +248,7 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         dg = dg[: triton.cdiv(K, launched["BK"])].sum(0) if store_dg else None
         dg_g = dg.to(g_dtype) if ctx.needs_input_grad[3] else None
         dg_gamma = dg.sum((0, 1)).to(gamma_dtype) if ctx.needs_input_grad[4] else None
-        return dq, dk, dv, dg_g, dg_gamma, None, dh0, None, None, None
+        return dq, dk, dv, dg_g, dg_gamma, None, dh0, None, None, None, None
 
 
 def dg_partials(B, T, H, K, device) -> torch.Tensor:
@@ -261,7 +262,7 @@ def dg_partials(B, T, H, K, device) -> torch.Tensor:
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state=None,
-                     output_final_state=False, chunk_size=64, cu_seqlens=None):
+                     output_final_state=False, chunk_size=64, cu_seqlens=None, states_in_fp32=False):
     """Simple GLA (scalar gates), chunkwise with materialised states (Triton; differentiable).
 
     q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; ``g`` ``[B, T, H]`` data-dependent log-gates (≤ 0) or
@@ -275,6 +276,9 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
     sequences with cu_seqlens) makes o and the final state NaN, or, under
     ``gla_ref.device.debug(True)``, raises a ValueError naming its position. g_gamma, though tiny,
     is not checked on the host without debug (a device sync on every call): it follows g's NaN rule.
+    ``states_in_fp32`` (bool): the forward's chunk states in float32 instead of q's dtype, as in
+    :func:`gla_ref.triton.chunk.chunk_gla` (o is the same either way; the default halves their bytes
+    for bf16/fp16 inputs).
     """
     chunk_size = check_chunk_size(chunk_size)
     dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(None, 3), cu_seqlens=cu_seqlens,
@@ -282,8 +286,9 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
     if g_gamma is not None:
         _check_g_gamma(g_gamma, q, dims.H)
     output_final_state = check_flag("output_final_state", output_final_state)
+    states_in_fp32 = check_flag("states_in_fp32", states_in_fp32)
     return ChunkSimpleGLAFunction.apply(q, k, v, g, g_gamma, check_scale(scale, dims.K),
-                                        initial_state, output_final_state, chunk_size, varlen)
+                                        initial_state, output_final_state, chunk_size, varlen, states_in_fp32)
 
 
 def _check_g_gamma(g_gamma, q, H: int) -> None:

@@ -7,8 +7,10 @@ and gc_last = log γ its last row, so that Λ = exp gc, Γ = exp(gc_last − gc)
 
     S_[0] = h0,      S_[i+1] = diag(γ_{i+1}) S_[i] + (K_[i+1] ⊙ Γ_[i+1])ᵀ V_[i+1]
 
-``h[:, :, i]`` holds S_[i], the state *entering* the chunk at index i, in float32; the final state is
-S_[N].
+``h[:, :, i]`` holds S_[i], the state *entering* the chunk at index i, in k's dtype (FLA's choice for
+its forward) or, with ``states_in_fp32``, in float32 (the backward's recomputation, which dq and dk
+read); the running sum ``b_h`` stays float32 on chip either way, only the stored copy is rounded.
+The final state S_[N] is float32.
 
 Backward (Alg. 4, first loop, with Q ⊙ Λ where the paper prints Q ⊙ Γ: chapter 6 checks which is
 right). With dS_[N] the cotangent of the final state (zero if none):
@@ -21,7 +23,8 @@ and dv need); the recurrence ends at dS_[0] = dh0.
 Both exponents are ≤ 0: gc_last − gc (keys against the chunk end) and gc (queries against the chunk
 start). Grid ``(⌈K/BK⌉, ⌈V/BV⌉, B·H)``: a program owns one ``BK × BV`` block of one head's state and walks
 the chunks in order (the only sequential loop of chunk GLA). HBM: k, v (or q, dO) and gc read once;
-one float32 ``BK × BV`` block written per chunk. ``GATE_K`` picks the gate layout: per key
+one ``BK × BV`` block written per chunk, in h's dtype (2 bytes an element for bf16/fp16 inputs,
+4 with ``states_in_fp32``). ``GATE_K`` picks the gate layout: per key
 ``[B, T, H, K]`` (GLA) or one scalar per token ``[B, T, H]`` (simple GLA).
 
 Packed batch (``varlen``, B = 1, N sequences): grid ``(⌈K/BK⌉, ⌈V/BV⌉, N·H)``, a program walks the
@@ -36,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gla_ref._validate import check_flag
 from gla_ref.triton._common import autotune, autotune_configs, num_chunks, num_sequences
 from gla_ref.triton._tiles import load_rows, sequence_chunks, token_base, token_bases
 
@@ -87,9 +91,9 @@ def _token_bases(bos, i_h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GA
     return base_k, base_v, base_g
 
 
-@autotune(_fwd_configs(), ["K", "V", "T_BUCKET", "GATE_K", "IS_VARLEN"], BK="K", BV="V")
+@autotune(_fwd_configs(), ["K", "V", "GATE_K", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
-def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, T_BUCKET, H: tl.constexpr,
+def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
                            K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                            BV: tl.constexpr, GATE_K: tl.constexpr, USE_H0: tl.constexpr,
                            STORE_HT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
@@ -105,7 +109,7 @@ def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, T_
     if USE_H0:
         b_h += tl.load(h0 + i_bh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.0)
     for i_n in range(NT):
-        tl.store(p_h + i_n * K * V, b_h, mask=m_kv)
+        tl.store(p_h + i_n * K * V, b_h.to(h.dtype.element_ty), mask=m_kv)  # only the stored copy is rounded
         t = i_n * C + tl.arange(0, C)
         m_t = t < T
         t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
@@ -123,9 +127,9 @@ def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, T_
         tl.store(ht + i_bh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
 
 
-@autotune(_configs(), ["K", "V", "T_BUCKET", "GATE_K", "IS_VARLEN"], BK="K", BV="V")
+@autotune(_configs(), ["K", "V", "GATE_K", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
-def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, cu_seqlens, chunk_offsets, scale, T, T_BUCKET,
+def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, cu_seqlens, chunk_offsets, scale, T,
                            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, GATE_K: tl.constexpr,
                            USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr,
@@ -173,17 +177,23 @@ def _varlen_kwargs(varlen):
     return dict(cu_seqlens=varlen.cu_seqlens, chunk_offsets=varlen.chunk_offsets, IS_VARLEN=True)
 
 
-def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_size: int, varlen=None):
-    """States entering each chunk ``h [B, H, NT, K, V]`` (float32) and the final state ``[N, H, K, V]``
-    (or None). N = B, NT = ⌈T/C⌉; packed (``varlen``, B = 1): N sequences, NT chunks of them all."""
+def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_size: int, varlen=None, *,
+                    states_in_fp32: bool = False):
+    """States entering each chunk ``h [B, H, NT, K, V]`` and the final state ``[N, H, K, V]`` (float32,
+    or None). N = B, NT = ⌈T/C⌉; packed (``varlen``, B = 1): N sequences, NT chunks of them all.
+
+    h is stored in k's dtype (half the bytes written here and read by the output kernel, for bf16 or
+    fp16 inputs), or in float32 with ``states_in_fp32`` (what the backward recomputes: dq and dk
+    read h). The recurrence itself runs in float32 either way."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT, N = num_chunks(T, chunk_size, varlen), num_sequences(B, varlen)
-    h = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=k.device)
+    state_dtype = torch.float32 if check_flag("states_in_fp32", states_in_fp32) else k.dtype
+    h = torch.empty(B, H, NT, K, V, dtype=state_dtype, device=k.device)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), N * H)
     chunk_state_fwd_kernel[grid](
-        k, v, gc, initial_state, h, ht, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V,
+        k, v, gc, initial_state, h, ht, T=T, H=H, K=K, V=V,
         C=chunk_size, GATE_K=gc.dim() == 4, USE_H0=initial_state is not None,
         STORE_HT=output_final_state, PREC=_precision(k), **_varlen_kwargs(varlen))
     return h, ht
@@ -199,7 +209,7 @@ def chunk_state_bwd(q, gc, do, dht, scale: float, need_dh0: bool, chunk_size: in
     dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
     grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), N * H)
     chunk_state_bwd_kernel[grid](
-        q, gc, do, dht, dh, dh0, scale=scale, T=T, T_BUCKET=triton.next_power_of_2(T), H=H, K=K, V=V,
+        q, gc, do, dht, dh, dh0, scale=scale, T=T, H=H, K=K, V=V,
         C=chunk_size, GATE_K=gc.dim() == 4, USE_DHT=dht is not None, STORE_DH0=need_dh0,
         PREC=_precision(q), **_varlen_kwargs(varlen))
     return dh, dh0
