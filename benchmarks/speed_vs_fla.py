@@ -1,0 +1,218 @@
+"""Our Triton kernels against FLA's at the speed targets' setting: B=8, H=16, bf16, T 1K–16K, four (K, V).
+
+    python benchmarks/speed_vs_fla.py [--shapes 64x64 128x128 128x256 256x512] [--T 1024 ... 16384]
+                                      [--keep EARLIER.json] [--out PATH] [--smoke]
+
+Each (K, V) shape runs in this one process, FLA in the same process and on the same inputs. For every
+candidate the first forward+backward at the shape's first T is timed alone on the wall clock (compile and
+autotune land there), then, for every T, the forward and the forward+backward (medians of CUDA events,
+``bench.time_cuda``) and their peak memory above the inputs. Candidates:
+
+* ``chunk_gla`` and ``fla.chunk_gla`` (per-key gates ``[B, T, H, K]``);
+* ``fused_chunk_gla``, our kernel that keeps the state on chip (FLA's raises);
+* ``chunk_simple_gla`` and ``fla.chunk_simple_gla`` (a scalar gate per token and head). FLA 0.6.0's
+  backward of this one refuses Triton 3.4–3.7.0 on Hopper: its error is recorded in place of the time.
+
+After the first T of a shape, every later T must reuse the tuned configs of our kernels: the number of
+autotune entries added (``retunes_after_first_T``) is recorded per shape and must be 0. The forward's
+roofline fraction is the time the compulsory traffic (q, k, v, g read, o written: ``bench.gla_io_bytes``)
+takes at the measured copy bandwidth, over the measured time. Ratios against FLA per (shape, T) land in
+``ratios``. Writes ``benchmarks/results/speed_vs_fla_<device>.json`` stamped by ``bench.environment()``;
+``--keep`` starts from an earlier file's rows (a long sweep split across several calls); ``--smoke`` runs
+tiny float32 shapes on a CPU under Triton's interpreter into a temporary file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gla_ref import bench  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+SHAPES = ("64x64", "128x128", "128x256", "256x512")
+FULL = {"B": 8, "H": 16, "T": [1024, 2048, 4096, 8192, 16384], "dtype": "bfloat16"}
+SMOKE = {"B": 1, "H": 1, "T": [20, 36], "dtype": "float32"}
+OURS = ("chunk_gla", "fused_chunk_gla", "chunk_simple_gla")
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"128x256"`` → ``(128, 256)``."""
+    try:
+        K, V = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is KxV, e.g. 128x256, got {text!r}") from None
+    return K, V
+
+
+def candidates(only_ours: bool):
+    """name -> (gate kind, run(q, k, v, g) -> o, whether its backward is timed)."""
+    from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla
+
+    runs = {
+        "chunk_gla": ("gla", lambda q, k, v, g: chunk_gla(q, k, v, g)[0]),
+        "fused_chunk_gla": ("gla", lambda q, k, v, g: fused_chunk_gla(q, k, v, g)[0]),
+        "chunk_simple_gla": ("scalar", lambda q, k, v, g: chunk_simple_gla(q, k, v, g)[0]),
+    }
+    if only_ours:
+        return runs
+    try:
+        from fla.ops.gla import chunk_gla as fla_chunk_gla
+        from fla.ops.simple_gla import chunk_simple_gla as fla_chunk_simple_gla
+    except ImportError as err:
+        print(f"FLA not available ({err}); timing ours only", flush=True)
+        return runs
+    runs["fla.chunk_gla"] = ("gla", lambda q, k, v, g: fla_chunk_gla(q, k, v, g)[0])
+    runs["fla.chunk_simple_gla"] = ("scalar", lambda q, k, v, g: fla_chunk_simple_gla(q, k, v, g)[0])
+    return runs
+
+
+def make_inputs(B, T, H, K, V, gate, dtype, dev, seed=0):
+    """q, k, v in ``dtype`` and float32 log-gates of the paper's strength (logsigmoid / 16), all leaves."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    q, k = (torch.randn(B, T, H, K, device=dev, dtype=dtype, generator=gen) for _ in range(2))
+    v = torch.randn(B, T, H, V, device=dev, dtype=dtype, generator=gen)
+    g = F.logsigmoid(torch.randn((B, T, H, K) if gate == "gla" else (B, T, H), device=dev, generator=gen)) / 16
+    return [x.requires_grad_(True) for x in (q, k, v, g)]
+
+
+def autotune_entries() -> int:
+    """How many (kernel, key) pairs our Triton kernels have tuned so far in this process."""
+    import triton
+
+    from gla_ref import triton as gla_triton
+
+    seen, total = set(), 0
+    for module in list(sys.modules.values()):
+        if not getattr(module, "__name__", "").startswith(gla_triton.__name__ + "."):
+            continue
+        for obj in vars(module).values():
+            if isinstance(obj, triton.runtime.Autotuner) and id(obj) not in seen:
+                seen.add(id(obj))
+                total += len(obj.cache)
+    return total
+
+
+def measure(run, inputs, on_gpu, first: bool) -> dict:
+    """Times and peaks of one candidate at one T; a RuntimeError (FLA's refusal) becomes ``error``."""
+    import torch
+
+    do = torch.randn_like(inputs[2])
+
+    def fwd():
+        with torch.no_grad():
+            run(*inputs)
+
+    def fwd_bwd():
+        run(*inputs).backward(do)
+
+    out = {}
+    try:
+        if first:
+            sync = (lambda _: torch.cuda.synchronize()) if on_gpu else None
+            out["first_fwd_bwd_s"] = bench.time_wall(fwd_bwd, warmup=0, rep=1, sync=sync)["first_ms"] / 1e3
+        if not on_gpu:
+            return {**out, **{key: {"median_ms": bench.time_wall(f, warmup=0, rep=1)["median_ms"]}
+                              for key, f in (("fwd", fwd), ("fwd_bwd", fwd_bwd))}}
+        out["fwd"] = bench.time_cuda(fwd)
+        out["fwd_peak_bytes"] = bench.peak_memory_cuda(fwd)
+        out["fwd_bwd"] = bench.time_cuda(fwd_bwd, grad_to_none=inputs)
+        out["fwd_bwd_peak_bytes"] = bench.peak_memory_cuda(fwd_bwd)
+    except torch.OutOfMemoryError:
+        out["error"] = "out of memory"
+    except (RuntimeError, AssertionError, NotImplementedError) as err:
+        out["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:240]}"
+    finally:
+        for x in inputs:
+            x.grad = None
+    return out
+
+
+def ratios(rows) -> list[dict]:
+    """Per (K, V, T): ours over FLA's (time and peak; < 1 means faster or smaller)."""
+    by = {(r["K"], r["V"], r["T"], r["name"]): r for r in rows}
+    out = []
+    for K, V, T in sorted({(r["K"], r["V"], r["T"]) for r in rows}):
+        row = {"K": K, "V": V, "T": T}
+        for ours, ref in (("chunk_gla", "fla.chunk_gla"), ("fused_chunk_gla", "fla.chunk_gla"),
+                          ("chunk_simple_gla", "fla.chunk_simple_gla")):
+            a, b = by.get((K, V, T, ours), {}), by.get((K, V, T, ref), {})
+            for key in ("fwd", "fwd_bwd"):
+                if key in a and key in b:
+                    row[f"{ours}/{ref} {key}"] = a[key]["median_ms"] / b[key]["median_ms"]
+            if "fwd_bwd_peak_bytes" in a and "fwd_bwd_peak_bytes" in b:
+                row[f"{ours}/{ref} fwd_bwd peak"] = a["fwd_bwd_peak_bytes"] / b["fwd_bwd_peak_bytes"]
+        out.append(row)
+    return out
+
+
+def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype) -> tuple[list, dict]:
+    """All candidates at every T of one (K, V): rows, and the shape's retune count."""
+    import torch
+
+    B, H, rows = setting["B"], setting["H"], []
+    tuned_after_first = None
+    for i, T in enumerate(setting["T"]):
+        if i == 1:
+            tuned_after_first = autotune_entries()
+        for name, (gate, run) in runs.items():
+            res = measure(run, make_inputs(B, T, H, K, V, gate, dtype, dev), on_gpu, first=i == 0)
+            if "fwd" in res and on_gpu:
+                floor_ms = bench.gla_io_bytes(B, T, H, K, V, 2, gate) / (copy_gbs * 1e9) * 1e3
+                res["fwd_roofline_fraction"] = floor_ms / res["fwd"]["median_ms"]
+            rows.append({"K": K, "V": V, "T": T, "name": name, **res})
+            print(f"K={K} V={V} T={T:>6} {name:<22}",
+                  {k: round(v["median_ms"], 3) if isinstance(v, dict) else v for k, v in res.items()
+                   if k in ("fwd", "fwd_bwd", "error", "first_fwd_bwd_s")}, flush=True)
+            if on_gpu:
+                torch.cuda.empty_cache()
+    retunes = None if tuned_after_first is None else autotune_entries() - tuned_after_first
+    return rows, {"K": K, "V": V, "retunes_after_first_T": retunes}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", type=parse_shape, nargs="+", help=f"KxV shapes (default {' '.join(SHAPES)})")
+    parser.add_argument("--T", type=int, nargs="+", help=f"lengths (default {FULL['T']})")
+    parser.add_argument("--keep", type=pathlib.Path, help="start from the rows of this earlier result")
+    parser.add_argument("--out", type=pathlib.Path, help="JSON path (default results/speed_vs_fla_<device>.json)")
+    parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes on a CPU, a temporary file")
+    args = parser.parse_args(argv)
+    on_gpu = bench.start_gpu_run(parser, args.smoke)
+    import torch
+
+    from gla_ref import device
+
+    setting = dict(SMOKE if args.smoke else FULL)
+    if args.T:
+        setting["T"] = args.T
+    shapes = args.shapes or ([(16, 24)] if args.smoke else [parse_shape(s) for s in SHAPES])
+    earlier = bench.load_results(args.keep) if args.keep else {"rows": [], "retunes": []}
+    env = bench.environment()
+    copy_gbs = bench.copy_bandwidth_cuda() if on_gpu else None
+    runs = candidates(only_ours=args.smoke)
+    rows, retunes, t0 = list(earlier["rows"]), list(earlier["retunes"]), time.perf_counter()
+    dtype = getattr(torch, setting["dtype"])
+    for K, V in shapes:
+        shape_rows, retune = run_shape(K, V, setting, runs, on_gpu, copy_gbs, device.torch_device(), dtype)
+        rows += shape_rows
+        retunes.append(retune)
+        result = {"env": env, "setting": setting, "copy_bandwidth_GBps": copy_gbs, "rows": rows,
+                  "retunes": retunes, "ratios": ratios(rows), "wall_s": time.perf_counter() - t0}
+        path = bench.write_result(result, "speed_vs_fla", RESULTS, args.out, args.smoke)  # after each shape
+    for row in result["ratios"]:
+        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
+    print(f"retunes after the first T: {retunes}; wrote {path} in {result['wall_s']:.0f} s")
+    return path
+
+
+if __name__ == "__main__":
+    main()
