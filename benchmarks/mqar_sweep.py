@@ -43,9 +43,9 @@ from gla_ref import bench, mqar  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 FULL = dict(widths=[64, 128, 256], pairs=[4, 8, 16, 32], seeds=[0, 1, 2], seq_len=256, vocab_size=1024,
             steps=2000, batch_size=128, lr=3e-3, num_test=1024, workers=8, budget_s=450.0,
-            backend="fused_recurrent")
+            backend="fused_recurrent", short_conv=True)
 SMOKE = dict(widths=[16], pairs=[2], seeds=[0], seq_len=16, vocab_size=16, steps=3, batch_size=4, lr=3e-3,
-             num_test=16, workers=1, budget_s=0.0, backend="reference")
+             num_test=16, workers=1, budget_s=0.0, backend="reference", short_conv=True)
 
 
 def parse_args(argv=None):
@@ -66,6 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--backend", choices=("reference", "chunk", "fused_chunk", "fused_recurrent"),
                    help=f"layer backend (default {FULL['backend']}: one small Triton kernel, compiled in "
                         f"seconds; reference: PyTorch, no compile, more memory traffic)")
+    p.add_argument("--short-conv", action=argparse.BooleanOptionalAction,
+                   help=f"FLA's short convolution on q, k, v in every mixer (default {FULL['short_conv']})")
     p.add_argument("--smoke", action="store_true", help="tiny runs on the CPU, a temporary output")
     p.add_argument("--out", type=pathlib.Path, help="JSON path (default results/mqar_<device>.json)")
     args = p.parse_args(argv)
@@ -83,15 +85,16 @@ def _init_worker(threads):
 
 
 def run_one(job):
-    """One run in a worker: ``job = (mixer, width, config as dict, backend, device)`` → a row."""
-    mixer, width, config, backend, dev = job
-    return mqar.run(mixer, width, mqar.MQARConfig(**config), backend=backend, device=dev)
+    """One run in a worker: ``job = (mixer, width, config as dict, backend, device, short_conv)`` → a row."""
+    mixer, width, config, backend, dev, short_conv = job
+    return mqar.run(mixer, width, mqar.MQARConfig(**config), backend=backend, device=dev, short_conv=short_conv)
 
 
 def jobs(args, dev):
     base = mqar.MQARConfig(seq_len=args.seq_len, num_pairs=min(args.pairs), vocab_size=args.vocab_size,
                            steps=args.steps, batch_size=args.batch_size, lr=args.lr, num_test=args.num_test)
-    return [(m, d, dataclasses.asdict(dataclasses.replace(base, num_pairs=P, seed=s)), args.backend, dev)
+    return [(m, d, dataclasses.asdict(dataclasses.replace(base, num_pairs=P, seed=s)), args.backend, dev,
+             args.short_conv)
             for m, d, P, s in mqar.plan(args.mixers, args.widths, args.pairs, args.seeds)]
 
 
@@ -148,7 +151,7 @@ def main(argv=None):
     todo = jobs(args, dev)
     settings = {k: getattr(args, k) for k in ("mixers", "widths", "pairs", "seeds", "seq_len", "vocab_size",
                                               "steps", "batch_size", "lr", "num_test", "workers", "budget_s",
-                                              "backend")}
+                                              "backend", "short_conv")}
     env = {**bench.environment(), "smoke": args.smoke, **settings}
     default_dir = pathlib.Path(tempfile.gettempdir()) if args.smoke else RESULTS
     path = args.out or default_dir / f"mqar_{'smoke_' if args.smoke else ''}{bench.slug(env['device'])}.json"

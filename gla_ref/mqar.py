@@ -165,18 +165,26 @@ class MQARConfig:
 
 
 def build_model(mixer: str, hidden_size: int, vocab_size: int, *, num_layers: int = 2, num_heads: int = 2,
-                backend: str = "reference", seed: int = 0, **mixer_kwargs):
+                backend: str = "reference", seed: int = 0, short_conv: bool = True, conv_size: int = 4,
+                **mixer_kwargs):
     """A :class:`gla_ref.layers.torch.GLALM` for MQAR, initialised from ``torch.manual_seed(seed)``.
 
     Two layers and two heads, as the GLA paper sets its MQAR models (§5.1); ``mixer`` one of
     :data:`MIXERS` (or any key of ``gla_ref.layers.torch.MIXERS``); ``mixer_kwargs`` go to the layers.
-    The model has no position embedding and no convolution: the order of the tokens reaches it only
-    through the causal recurrence and its forget gates.
+    The model has no position embedding. ``short_conv`` (default True) gives every mixer FLA's short
+    convolution of width ``conv_size`` on q, k and v (``use_short_conv``), as FLA's GLA layer and
+    Zoology's MQAR models have: the value's position then sees the key just before it, which a
+    recurrence alone must learn to isolate with its gate. Without it the order of the tokens reaches
+    the model only through the causal recurrence and its forget gates.
     """
     import torch
 
     from gla_ref.layers.torch import GLALM
 
+    if not isinstance(short_conv, bool):
+        raise TypeError(f"short_conv must be a bool, got {short_conv!r}")
+    if short_conv:
+        mixer_kwargs = {"use_short_conv": True, "conv_size": conv_size, **mixer_kwargs}
     torch.manual_seed(seed)
     return GLALM(vocab_size, hidden_size, num_layers=num_layers, num_heads=num_heads, mixer=mixer,
                  backend=backend, **mixer_kwargs)
@@ -261,20 +269,21 @@ def _param_groups(model, weight_decay):
 # ----------------------------------------------------------------------------- sweeps
 
 def run(mixer: str, hidden_size: int, config: MQARConfig, *, backend: str = "reference", device="cpu",
-        num_heads: int = 2, **mixer_kwargs) -> dict:
+        num_heads: int = 2, short_conv: bool = True, **mixer_kwargs) -> dict:
     """Build a model (:func:`build_model`, seeded by ``config.seed``), train it (:func:`train`) and
     return one row: the settings (``mixer``, ``hidden_size``, ``num_heads``, ``num_pairs``,
-    ``seq_len``, ``vocab_size``, ``seed``, ``steps``, ``batch_size``, ``lr``, ``backend``), ``params``
+    ``seq_len``, ``vocab_size``, ``seed``, ``steps``, ``batch_size``, ``lr``, ``backend``,
+    ``short_conv``), ``params``
     (the model's parameter count), ``accuracy``, ``test_loss``, ``train_loss``, ``seconds`` and
     ``loss_curve`` (the training loss averaged over 20 equal spans of steps)."""
     model = build_model(mixer, hidden_size, config.vocab_size, num_heads=num_heads, backend=backend,
-                        seed=config.seed, **mixer_kwargs).to(device)
+                        seed=config.seed, short_conv=short_conv, **mixer_kwargs).to(device)
     out = train(model, config)
     spans = np.array_split(np.asarray(out["losses"]), min(20, config.steps))
     return {"mixer": mixer, "hidden_size": hidden_size, "num_heads": num_heads, "num_pairs": config.num_pairs,
             "seq_len": config.seq_len, "vocab_size": config.vocab_size, "seed": config.seed,
             "steps": config.steps, "batch_size": config.batch_size, "lr": config.lr, "backend": backend,
-            "params": sum(p.numel() for p in model.parameters()), "accuracy": out["accuracy"],
+            "short_conv": short_conv, "params": sum(p.numel() for p in model.parameters()), "accuracy": out["accuracy"],
             "test_loss": out["test_loss"], "train_loss": out["train_loss"], "seconds": round(out["seconds"], 2),
             "loss_curve": [round(float(s.mean()), 4) for s in spans]}
 
@@ -289,7 +298,7 @@ def sweep(config: MQARConfig, mixers=MIXERS, widths=(64,), pairs=(4,), seeds=(0,
           device="cpu", on_row=None, **mixer_kwargs) -> list[dict]:
     """Rows of :func:`run` for every run of :func:`plan`, one after another; ``config`` gives everything
     but the number of pairs and the seed, which the plan sets. ``on_row(row)`` is called after each
-    run (to print progress)."""
+    run (to print progress); ``mixer_kwargs`` (e.g. ``short_conv=False``) go to :func:`run`."""
     rows = []
     for mixer, d, P, seed in plan(mixers, widths, pairs, seeds):
         rows.append(run(mixer, d, dataclasses.replace(config, num_pairs=P, seed=seed), backend=backend,

@@ -39,6 +39,8 @@ class GLASizes(NamedTuple):
     norm: str
     eps: float
     backend: str
+    use_short_conv: bool = False
+    conv_size: int = 4  # W, the width of each short convolution (used only with use_short_conv)
 
     @property
     def key_dim(self) -> int:
@@ -103,12 +105,16 @@ def _check_kernel_dims(backend, K, V) -> None:
 # ----------------------------------------------------------------------------- GLA layer
 
 def gla_sizes(hidden_size, num_heads, expand_k, expand_v, gate_low_rank_dim, gate_logit_normalizer,
-              norm, gate, norm_eps, backend, backends) -> GLASizes:
+              norm, gate, norm_eps, backend, backends, use_short_conv=False, conv_size=4) -> GLASizes:
     """Check the arguments of ``GatedLinearAttention`` and return its sizes.
 
     d_k = int(d·expand_k) and d_v = int(d·expand_v) must be multiples of H; ``backends`` lists the
-    backends of the calling framework. Raises ValueError naming the bad argument.
+    backends of the calling framework; ``use_short_conv`` a bool, ``conv_size`` a positive int.
+    Raises ValueError (TypeError for a non-bool flag) naming the bad argument.
     """
+    if not isinstance(use_short_conv, bool):
+        raise TypeError(f"use_short_conv must be a bool, got {use_short_conv!r}")
+    W = positive_int("conv_size", conv_size)
     d = positive_int("hidden_size", hidden_size)
     H = positive_int("num_heads", num_heads)
     K = _head_dim("key_dim", int(d * positive_number("expand_k", expand_k)), H, "expand_k")
@@ -118,24 +124,27 @@ def gla_sizes(hidden_size, num_heads, expand_k, expand_v, gate_low_rank_dim, gat
     return GLASizes(d, H, K, V, positive_int("gate_low_rank_dim", gate_low_rank_dim),
                     positive_number("gate_logit_normalizer", gate_logit_normalizer),
                     choice("gate", gate, GATES), choice("norm", norm, NORMS),
-                    positive_number("norm_eps", norm_eps), backend)
+                    positive_number("norm_eps", norm_eps), backend, use_short_conv, W)
 
 
 def gla_num_params(hidden_size, num_heads=4, expand_k=0.5, expand_v=1.0, gate_low_rank_dim=16,
-                   norm="rms", gate="gla") -> int:
+                   norm="rms", gate="gla", use_short_conv=False, conv_size=4) -> int:
     """Parameters of one ``GatedLinearAttention`` layer, in closed form.
 
     ``2·d·d_k`` (W_Q, W_K) ``+ 3·d·d_v`` (W_V, W_r, W_O) ``+ r·(d + d_k) + d_k`` (the low-rank gate
     W_α¹, W_α², b_α; ``r·(d + H) + H`` for ``gate="scalar"``, 0 for ``"const"``/``"none"``)
     ``+ V`` (RMSNorm weight, shared by the heads; ``2·V`` for LayerNorm's weight and bias).
     With the paper's d_k = d/2, d_v = d: ``4d² + 3rd/2 + d/2 + d/H`` — the "≈ 4d²" of §4.4.
+    ``use_short_conv`` adds the three depthwise convolutions of width W = ``conv_size``:
+    ``W·(2·d_k + d_v)`` (``2Wd`` at the paper's widths).
     """
     s = gla_sizes(hidden_size, num_heads, expand_k, expand_v, gate_low_rank_dim, 16, norm, gate, 1e-5,
-                  "reference", ("reference",))
+                  "reference", ("reference",), use_short_conv, conv_size)
+    conv = s.conv_size * (2 * s.key_dim + s.value_dim) if s.use_short_conv else 0
     projections = 2 * s.d * s.key_dim + 3 * s.d * s.value_dim
     gate_params = {"gla": s.r * (s.d + s.key_dim) + s.key_dim, "scalar": s.r * (s.d + s.H) + s.H,
                    "const": 0, "none": 0}[s.gate]
-    return projections + gate_params + (s.V if s.norm == "rms" else 2 * s.V)
+    return projections + gate_params + conv + (s.V if s.norm == "rms" else 2 * s.V)
 
 
 # ----------------------------------------------------------------------------- simple GLA layer (RFC)
@@ -183,6 +192,25 @@ def simple_num_params(hidden_size, num_heads=4, head_dim=None, use_qk_norm=False
     return 5 * s.d * s.inner + s.inner + (2 * s.D if s.use_qk_norm else 0)
 
 
+# ----------------------------------------------------------------------------- the state with short convolutions
+
+class ShortConvState(NamedTuple):
+    """The state a ``GatedLinearAttention`` layer built with ``use_short_conv=True`` passes from
+    ``forward`` to ``step`` (and from ``step`` to ``step``): the recurrent state and, for each short
+    convolution, its last W − 1 inputs (W = ``conv_size``), which the next token's window needs.
+
+    ``recurrent`` ``[B, H, K, V]`` float32; ``q``, ``k`` ``[B, W − 1, d_k]`` and ``v`` ``[B, W − 1, d_v]``
+    in the layer's dtype, oldest input first (zeros before a sequence's first token). With
+    ``cu_seqlens`` every leading B is N, one row per sequence. Without short convolutions a layer's
+    state stays a bare ``[B, H, K, V]`` array.
+    """
+
+    recurrent: object
+    q: object
+    k: object
+    v: object
+
+
 # ----------------------------------------------------------------------------- state dicts
 
 def from_fla_names(state_dict: Mapping) -> dict:
@@ -193,8 +221,9 @@ def from_fla_names(state_dict: Mapping) -> dict:
 def check_state_dict(state_dict: Mapping, expected: Mapping) -> None:
     """The state dict has exactly the expected names, each with its expected shape.
 
-    ``expected``: name → shape tuple. Raises ValueError listing missing and unexpected names (an
-    FLA layer built with short convolutions or without an output gate has names we do not), or the
+    ``expected``: name → shape tuple. Raises ValueError listing missing and unexpected names (e.g.
+    an FLA layer built with short convolutions loaded into one without, or one without an output
+    gate), or the
     first name whose shape differs (e.g. FLA's ``num_kv_heads < num_heads``).
     """
     missing = sorted(set(expected) - set(state_dict))

@@ -14,6 +14,10 @@ parameters (``nnx.grad`` leaves them alone), as the PyTorch layers keep them in 
 chunkwise form; ``step(x_t, state) -> (y_t, state)`` applies the closed-form one-token update in
 ``jax.numpy``. Shapes: x ``[B, T, d]``, x_t ``[B, d]``, states ``[B, H, K, V]`` float32.
 
+Short convolutions (``use_short_conv=True``, ``conv_size``): FLA's causal depthwise convolution + SiLU
+on q, k and v (:class:`ShortConvolution`, weights ``{q,k,v}_conv1d.weight`` ``[D, 1, W]``), with a
+:class:`~gla_ref.layers.config.ShortConvState` as the layer's state, exactly as in PyTorch.
+
 Packed sequences: ``cu_seqlens``, FLA's offsets ``[N + 1]`` of N sequences packed into one row
 (B = 1; int64, or int32 as JAX makes it without x64), runs each sequence as if alone, with states
 ``[N, H, K, V]``, on the ``"reference"`` backend (:mod:`gla_ref.jax_ref`). The offsets set shapes,
@@ -33,11 +37,14 @@ from flax import nnx
 from jax import lax
 
 from gla_ref import jax_ref
+from gla_ref._validate import check_cu_seqlens, packed_layout
 from gla_ref.gates import build_slope_tensor, retnet_log_gammas, slopes_to_g_gamma
 from gla_ref.layers import config
+from gla_ref.layers.config import ShortConvState
 
 __all__ = ["GatedLinearAttention", "SimpleGatedLinearAttention", "GroupRMSNorm", "NormSwishGate", "RMSNorm",
-           "Linear", "Buffer", "state_dict", "recurrent_step"]
+           "Linear", "Buffer", "ShortConvolution", "ShortConvState", "state_dict", "recurrent_step",
+           "causal_conv1d"]
 
 KERNELS = {"chunk": "chunk_gla", "fused_chunk": "fused_chunk_gla"}
 """Backend name → :mod:`gla_ref.pallas` function."""
@@ -167,6 +174,53 @@ class GroupRMSNorm(nnx.Module):
 
 # ----------------------------------------------------------------------------- the layers
 
+def causal_conv1d(x, weight, cache=None, cu_seqlens=None):
+    """Causal depthwise convolution + SiLU, FLA's short convolution: x ``[B, T, D]``, weight ``[D, 1, W]``
+    → ``(y [B, T, D], cache [B, W − 1, D])``; the PyTorch twin
+    :func:`gla_ref.layers.short_conv.causal_conv1d` documents the arguments. ``cache``: the W − 1
+    inputs before each row (None: zeros). With ``cu_seqlens`` (concrete offsets ``[N + 1]`` of a
+    packed x ``[1, T, D]``) each sequence starts from its own cache row, caches ``[N, W − 1, D]``."""
+    D, W = weight.shape[0], weight.shape[-1]
+    if x.ndim != 3 or x.shape[-1] != D:
+        raise ValueError(f"x must have shape [B, T, D] with D = {D}, got {tuple(x.shape)}")
+    B, T = x.shape[:2]
+    if cu_seqlens is None:
+        rows, lengths = x, np.full(B, T)
+    else:
+        check_cu_seqlens(cu_seqlens, T, B, dtypes=("int64", "int32"))
+        offsets = np.asarray(cu_seqlens).tolist()
+        gather, keep_rows, keep_cols = packed_layout(offsets)
+        rows = jnp.concatenate([x, jnp.zeros((1, 1, D), x.dtype)], 1)[0, gather]  # [N, L, D]
+        lengths = np.diff(offsets)
+    N, L = rows.shape[:2]
+    if cache is None:
+        cache = jnp.zeros((N, W - 1, D), x.dtype)
+    elif tuple(cache.shape) != (N, W - 1, D):
+        raise ValueError(f"cache must have shape [N, W - 1, D] = {(N, W - 1, D)} (the last W - 1 inputs of "
+                         f"each of the N sequences), got {tuple(cache.shape)}")
+    src = jnp.concatenate([cache.astype(x.dtype), rows], 1)  # [N, W − 1 + L, D]
+    w = weight[:, 0].astype(jnp.float32)
+    y = jax.nn.silu(sum(src[:, j:j + L].astype(jnp.float32) * w[:, j] for j in range(W))).astype(x.dtype)
+    new_cache = src[np.arange(N)[:, None], lengths[:, None] + np.arange(W - 1)]
+    if cu_seqlens is not None:
+        y = y[keep_rows, keep_cols][None]
+    return y, new_cache
+
+
+class ShortConvolution(nnx.Module):
+    """FLA's short convolution on D channels of width ``conv_size``: ``weight`` ``[D, 1, conv_size]``
+    (PyTorch's ``nn.Conv1d`` layout and init, no bias); ``__call__(x, cache=None, cu_seqlens=None) ->
+    (y, cache)``, see :func:`causal_conv1d`."""
+
+    def __init__(self, D, conv_size=4, *, rngs):
+        D, W = config.positive_int("D", D), config.positive_int("conv_size", conv_size)
+        self.weight = nnx.Param(jax.random.uniform(rngs.params(), (D, 1, W), minval=-W ** -0.5,
+                                                   maxval=W ** -0.5))
+
+    def __call__(self, x, cache=None, cu_seqlens=None):
+        return causal_conv1d(x, self.weight[...], cache, cu_seqlens)
+
+
 class _TokenMixer(nnx.Module):
     """``__call__`` (a chunkwise form), ``step`` (the recurrence) and ``from_state_dict``, shared by both
     layers; a subclass sets ``self.dims = (d, H, K, V)`` and defines ``_heads``, ``_mix``, ``_out``."""
@@ -189,21 +243,44 @@ class _TokenMixer(nnx.Module):
             raise ValueError(f"cu_seqlens (a packed batch) is not supported by backend={self.sizes.backend!r}: "
                              f"the Pallas kernel gla_ref.pallas.{kernel} takes no cu_seqlens; use "
                              f"backend='reference' for packed sequences, or pad them into a batch")
+        S0, conv = self._split_state("initial_state", initial_state)
         q, k, v, g = self._heads(x)
+        q, k, v, conv = self._short_conv(q, k, v, conv, cu_seqlens)
         packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
-        o, state = self._mix(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state,
-                             **packed)
-        return self._out(x, o), state
+        o, state = self._mix(q, k, v, g, initial_state=S0, output_final_state=output_final_state, **packed)
+        return self._out(x, o), (self._join_state(state, conv) if output_final_state else None)
 
     def step(self, x_t, state=None):
-        """Decode one token: x_t ``[B, d]``, state ``[B, H, K, V]`` float32 (None: zeros) → ``(y_t, state)``."""
+        """Decode one token: x_t ``[B, d]``, state ``[B, H, K, V]`` float32 (a :class:`ShortConvState`
+        with ``use_short_conv``; None: zeros) → ``(y_t, state)``."""
         d, H, K, V = self.dims
         _check_array("x_t", x_t, "[B, d]", 2, d, self._dtype())
+        S, conv = self._split_state("state", state)
         x = x_t[:, None]
         q, k, v, g = self._heads(x)
-        o, state = recurrent_step(q[:, 0], k[:, 0], v[:, 0], _token_gate(g),
-                                  self._start_state(state, x_t.shape[0]), K ** -0.5)
-        return self._out(x, o[:, None])[:, 0], state
+        q, k, v, conv = self._short_conv(q, k, v, conv, None)
+        o, S = recurrent_step(q[:, 0], k[:, 0], v[:, 0], _token_gate(g),
+                              self._start_state(S, x_t.shape[0]), K ** -0.5)
+        return self._out(x, o[:, None])[:, 0], self._join_state(S, conv)
+
+    def _uses_conv(self):
+        return getattr(self.sizes, "use_short_conv", False)
+
+    def _short_conv(self, q, k, v, conv, cu_seqlens):
+        """q, k, v after the short convolutions, and their caches (None without them)."""
+        return q, k, v, None
+
+    def _split_state(self, name, state):
+        """``(recurrent state, conv caches or None)`` of a state given to ``__call__``/``step``."""
+        if not self._uses_conv() or state is None:
+            return state, None
+        if not isinstance(state, ShortConvState):
+            raise TypeError(f"{name} of a layer built with use_short_conv=True must be a ShortConvState"
+                            f"(recurrent, q, k, v) or None, got {type(state).__name__}")
+        return state.recurrent, (state.q, state.k, state.v)
+
+    def _join_state(self, S, conv):
+        return ShortConvState(S, *conv) if self._uses_conv() else S
 
     @classmethod
     def from_state_dict(cls, state_dict, **kwargs):
@@ -236,18 +313,25 @@ class _TokenMixer(nnx.Module):
 
 class GatedLinearAttention(_TokenMixer):
     """The GLA layer of the paper (§4.4); see :class:`gla_ref.layers.torch.GatedLinearAttention` for the
-    equations, the parameters (same names and shapes) and their count. ``rngs`` initialises the weights."""
+    equations, the parameters (same names and shapes) and their count, short convolutions
+    (``use_short_conv``, ``conv_size``; state a :class:`ShortConvState`) included. ``rngs``
+    initialises the weights."""
 
     def __init__(self, hidden_size, num_heads=4, expand_k=0.5, expand_v=1.0, gate_low_rank_dim=16,
-                 gate_logit_normalizer=16, norm="rms", backend="chunk", *, gate="gla", norm_eps=1e-5, rngs):
+                 gate_logit_normalizer=16, norm="rms", backend="chunk", *, gate="gla", norm_eps=1e-5,
+                 use_short_conv=False, conv_size=4, rngs):
         s = self.sizes = config.gla_sizes(hidden_size, num_heads, expand_k, expand_v, gate_low_rank_dim,
                                           gate_logit_normalizer, norm, gate, norm_eps, backend,
-                                          config.FLAX_BACKENDS)
+                                          config.FLAX_BACKENDS, use_short_conv, conv_size)
         self.dims = (s.d, s.H, s.K, s.V)
         self.q_proj = Linear(s.d, s.key_dim, bias=False, rngs=rngs)
         self.k_proj = Linear(s.d, s.key_dim, bias=False, rngs=rngs)
         self.v_proj = Linear(s.d, s.value_dim, bias=False, rngs=rngs)
         self.g_proj = Linear(s.d, s.value_dim, bias=False, rngs=rngs)
+        if s.use_short_conv:
+            self.q_conv1d = ShortConvolution(s.key_dim, s.conv_size, rngs=rngs)
+            self.k_conv1d = ShortConvolution(s.key_dim, s.conv_size, rngs=rngs)
+            self.v_conv1d = ShortConvolution(s.value_dim, s.conv_size, rngs=rngs)
         if s.gate in ("gla", "scalar"):
             self.gk_proj = nnx.List([Linear(s.d, s.r, bias=False, rngs=rngs),
                                      Linear(s.r, s.key_dim if s.gate == "gla" else s.H, bias=True, rngs=rngs)])
@@ -271,6 +355,15 @@ class GatedLinearAttention(_TokenMixer):
         k = self.k_proj(x).reshape(*x.shape[:-1], s.H, s.K)
         v = self.v_proj(x).reshape(*x.shape[:-1], s.H, s.V)
         return q, k, v, self.log_gate(x)
+
+    def _short_conv(self, q, k, v, conv, cu_seqlens):
+        if not self.sizes.use_short_conv:
+            return q, k, v, None
+        conv = (None, None, None) if conv is None else conv
+        out = [layer(x.reshape(*x.shape[:-2], -1), cache, cu_seqlens)
+               for layer, x, cache in zip((self.q_conv1d, self.k_conv1d, self.v_conv1d), (q, k, v), conv)]
+        (q2, cq), (k2, ck), (v2, cv) = out
+        return q2.reshape(q.shape), k2.reshape(k.shape), v2.reshape(v.shape), (cq, ck, cv)
 
     def _kernel_name(self):
         """The name of the backend's :mod:`gla_ref.pallas` function, or None for ``"reference"``."""

@@ -14,6 +14,11 @@ the closed-form update ``S ← Diag(α_t) S + k_tᵀ v_t``, ``o_t = scale · q_t
 (no kernel launch for a [K, V] rank-one update). Prefill with ``forward``, then decode with ``step``.
 Shapes: x ``[B, T, d]``, x_t ``[B, d]``, states ``[B, H, K, V]`` float32.
 
+Short convolutions: ``GatedLinearAttention(..., use_short_conv=True, conv_size=4)`` runs q, k and v
+through FLA's causal depthwise convolution + SiLU (:mod:`gla_ref.layers.short_conv`), as FLA's layer
+and the Zoology MQAR models do. Its state is then a :class:`~gla_ref.layers.config.ShortConvState`
+(the recurrent state and the last W − 1 inputs of each convolution) instead of the bare tensor.
+
 Packed sequences: ``forward`` of the layers, of :class:`GLABlock` and of :class:`GLALM` takes
 ``cu_seqlens``, FLA's int64 offsets ``[N + 1]`` of N sequences packed into one row (B = 1). Each
 sequence is then mixed from its own first token and its own state, states being ``[N, H, K, V]``
@@ -32,9 +37,11 @@ from torch import nn
 from gla_ref import torch_ref
 from gla_ref.gates import build_slope_tensor, retnet_log_gammas, slopes_to_g_gamma
 from gla_ref.layers import config
+from gla_ref.layers.config import ShortConvState
+from gla_ref.layers.short_conv import ShortConvolution
 
 __all__ = ["GatedLinearAttention", "SimpleGatedLinearAttention", "GroupRMSNorm", "NormSwishGate",
-           "GLABlock", "GLALM", "MIXERS", "recurrent_step"]
+           "GLABlock", "GLALM", "MIXERS", "recurrent_step", "ShortConvolution", "ShortConvState"]
 
 KERNELS = {"chunk": "chunk_gla", "fused_chunk": "fused_chunk_gla", "fused_recurrent": "fused_recurrent_gla"}
 """Backend name → :mod:`gla_ref.triton` function."""
@@ -43,6 +50,12 @@ MIXERS = {"gla": "gla", "scalar": "scalar", "retnet": "const", "const": "const",
           "simple": None}
 """Token mixers of :class:`GLALM` → the ``gate`` of their :class:`GatedLinearAttention`
 (``"simple"`` is :class:`SimpleGatedLinearAttention`)."""
+
+
+REFERENCE_CHUNK_SIZE = 16
+"""Chunk size of the ``"reference"`` backend (:func:`gla_ref.torch_ref.chunk_gla`). Its intra-chunk part
+builds a ``[C, C, K]`` log-space tensor per chunk, so on a CPU C = 16 trains a small model about six
+times faster than C = 64 (same function, other rounding)."""
 
 
 def _triton(name):
@@ -87,7 +100,9 @@ class _TokenMixer(nn.Module):
     """``forward`` (a chunkwise form) and ``step`` (the recurrence), shared by both layers.
 
     A subclass sets ``self.dims = (d, H, K, V)`` and defines ``_heads(x) -> (q, k, v, g)`` (g in any
-    rank of the API contract), ``_mix(q, k, v, g, **kw) -> (o, state)`` and ``_out(x, o) -> y``.
+    rank of the API contract), ``_mix(q, k, v, g, **kw) -> (o, state)`` and ``_out(x, o) -> y``; a
+    layer with short convolutions also overrides ``_short_conv`` (and its state is a
+    :class:`ShortConvState`).
     """
 
     def forward(self, x, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -98,25 +113,51 @@ class _TokenMixer(nn.Module):
         ``[1, T, d]``, FLA's convention), 0 = cu_seqlens[0] < … < cu_seqlens[N] = T; each sequence is
         mixed from its own first token and its own row of ``initial_state``, and both states are then
         ``[N, H, K, V]`` float32. Every backend takes it. The projections and norms act per token, so
-        only the mixer sees the offsets. A bad cu_seqlens is a ValueError or TypeError naming it.
+        only the mixer (and the short convolutions, which restart at each sequence) see the offsets.
+        A bad cu_seqlens is a ValueError or TypeError naming it. With ``use_short_conv`` both states
+        are :class:`ShortConvState` s (None: zeros).
         """
         d = self.dims[0]
         _check_tensor("x", x, "[B, T, d]", 3, d, self._dtype())
+        S0, conv = self._split_state("initial_state", initial_state)
         q, k, v, g = self._heads(x)
-        o, state = self._mix(q, k, v, g, initial_state=initial_state, output_final_state=output_final_state,
+        q, k, v, conv = self._short_conv(q, k, v, conv, cu_seqlens)
+        o, state = self._mix(q, k, v, g, initial_state=S0, output_final_state=output_final_state,
                              cu_seqlens=cu_seqlens)
-        return self._out(x, o), state
+        return self._out(x, o), (self._join_state(state, conv) if output_final_state else None)
 
     def step(self, x_t, state=None):
-        """Decode one token: x_t ``[B, d]``, state ``[B, H, K, V]`` float32 (None: zeros) →
-        ``(y_t [B, d], new state)``. Same result as ``forward`` on the whole sequence."""
+        """Decode one token: x_t ``[B, d]``, state ``[B, H, K, V]`` float32 (a :class:`ShortConvState`
+        with ``use_short_conv``; None: zeros) → ``(y_t [B, d], new state)``. Same result as ``forward``
+        on the whole sequence."""
         d, H, K, V = self.dims
         _check_tensor("x_t", x_t, "[B, d]", 2, d, self._dtype())
+        S, conv = self._split_state("state", state)
         x = x_t[:, None]
         q, k, v, g = self._heads(x)
-        o, state = recurrent_step(q[:, 0], k[:, 0], v[:, 0], _token_gate(g),
-                                  self._start_state(state, x_t.shape[0], x_t.device), K ** -0.5)
-        return self._out(x, o[:, None])[:, 0], state
+        q, k, v, conv = self._short_conv(q, k, v, conv, None)
+        o, S = recurrent_step(q[:, 0], k[:, 0], v[:, 0], _token_gate(g),
+                              self._start_state(S, x_t.shape[0], x_t.device), K ** -0.5)
+        return self._out(x, o[:, None])[:, 0], self._join_state(S, conv)
+
+    def _uses_conv(self):
+        return getattr(self.sizes, "use_short_conv", False)
+
+    def _short_conv(self, q, k, v, conv, cu_seqlens):
+        """q, k, v after the short convolutions, and their caches (None without them)."""
+        return q, k, v, None
+
+    def _split_state(self, name, state):
+        """``(recurrent state, conv caches or None)`` of a state given to ``forward``/``step``."""
+        if not self._uses_conv() or state is None:
+            return state, None
+        if not isinstance(state, ShortConvState):
+            raise TypeError(f"{name} of a layer built with use_short_conv=True must be a ShortConvState"
+                            f"(recurrent, q, k, v) or None, got {type(state).__name__}")
+        return state.recurrent, (state.q, state.k, state.v)
+
+    def _join_state(self, S, conv):
+        return ShortConvState(S, *conv) if self._uses_conv() else S
 
     def _dtype(self):
         return next(self.parameters()).dtype
@@ -200,20 +241,28 @@ class GatedLinearAttention(_TokenMixer):
     ``g_gamma``), ``"none"`` (linear attention). ``backend``: ``"reference"``
     (:func:`gla_ref.torch_ref.chunk_gla`) or a Triton kernel, ``"chunk"``, ``"fused_chunk"``,
     ``"fused_recurrent"`` (for gates other than ``"gla"`` it gets the gate expanded to [B, T, H, K]).
-    Weights from FLA: :meth:`load_fla_state_dict`.
+    ``use_short_conv`` puts FLA's short convolution (:class:`ShortConvolution`, width ``conv_size``)
+    with SiLU on q, k and v after their projections, parameters ``q_conv1d.weight``,
+    ``k_conv1d.weight`` [d_k, 1, W] and ``v_conv1d.weight`` [d_v, 1, W]; the gates still read x.
+    The layer's state is then a :class:`ShortConvState`. Weights from FLA: :meth:`load_fla_state_dict`.
     """
 
     def __init__(self, hidden_size, num_heads=4, expand_k=0.5, expand_v=1.0, gate_low_rank_dim=16,
-                 gate_logit_normalizer=16, norm="rms", backend="chunk", *, gate="gla", norm_eps=1e-5):
+                 gate_logit_normalizer=16, norm="rms", backend="chunk", *, gate="gla", norm_eps=1e-5,
+                 use_short_conv=False, conv_size=4):
         super().__init__()
         s = self.sizes = config.gla_sizes(hidden_size, num_heads, expand_k, expand_v, gate_low_rank_dim,
                                           gate_logit_normalizer, norm, gate, norm_eps, backend,
-                                          config.TORCH_BACKENDS)
+                                          config.TORCH_BACKENDS, use_short_conv, conv_size)
         self.dims = (s.d, s.H, s.K, s.V)
         self.q_proj = nn.Linear(s.d, s.key_dim, bias=False)
         self.k_proj = nn.Linear(s.d, s.key_dim, bias=False)
         self.v_proj = nn.Linear(s.d, s.value_dim, bias=False)
         self.g_proj = nn.Linear(s.d, s.value_dim, bias=False)
+        if s.use_short_conv:
+            self.q_conv1d = ShortConvolution(s.key_dim, s.conv_size)
+            self.k_conv1d = ShortConvolution(s.key_dim, s.conv_size)
+            self.v_conv1d = ShortConvolution(s.value_dim, s.conv_size)
         if s.gate in ("gla", "scalar"):
             self.gk_proj = nn.Sequential(nn.Linear(s.d, s.r, bias=False),
                                          nn.Linear(s.r, s.key_dim if s.gate == "gla" else s.H, bias=True))
@@ -240,9 +289,19 @@ class GatedLinearAttention(_TokenMixer):
         v = self.v_proj(x).unflatten(-1, (s.H, s.V))
         return q, k, v, self.log_gate(x)
 
+    def _short_conv(self, q, k, v, conv, cu_seqlens):
+        if not self.sizes.use_short_conv:
+            return q, k, v, None
+        conv = (None, None, None) if conv is None else conv
+        out = [layer(x.flatten(-2), cache, cu_seqlens)
+               for layer, x, cache in zip((self.q_conv1d, self.k_conv1d, self.v_conv1d), (q, k, v), conv)]
+        (q, cq), (k, ck), (v, cv) = out
+        s = self.sizes
+        return q.unflatten(-1, (s.H, s.K)), k.unflatten(-1, (s.H, s.K)), v.unflatten(-1, (s.H, s.V)), (cq, ck, cv)
+
     def _mix(self, q, k, v, g, **kw):
         if self._kernel is None:
-            return torch_ref.chunk_gla(q, k, v, g, **kw)
+            return torch_ref.chunk_gla(q, k, v, g, chunk_size=REFERENCE_CHUNK_SIZE, **kw)
         if g is None or g.dim() != 4:
             g = torch_ref.expand_gate(g, *q.shape, device=q.device)
         return self._kernel(q, k, v, g, **kw)
@@ -257,8 +316,9 @@ class GatedLinearAttention(_TokenMixer):
 
         FLA's names are ours except ``g_norm_swish_gate`` → ``g_norm`` (:data:`config.FLA_RENAMES`).
         Build this layer with FLA's sizes (hidden_size, num_heads, expand_k, expand_v,
-        gate_low_rank_dim) and options (gate_logit_normalizer, norm_eps; FLA's norm is RMS). Raises
-        ValueError before loading anything when names or shapes differ (FLA's short convolutions,
+        gate_low_rank_dim) and options (gate_logit_normalizer, norm_eps; FLA's norm is RMS; FLA's
+        ``use_short_conv``, ``conv_size``, with ``conv_bias=False``). Raises ValueError before loading
+        anything when names or shapes differ (e.g. short convolutions on one side only;
         ``num_kv_heads < num_heads``, ``use_output_gate=False`` have no counterpart here).
         """
         renamed = config.from_fla_names(state_dict)
@@ -311,7 +371,7 @@ class SimpleGatedLinearAttention(_TokenMixer):
 
     def _mix(self, q, k, v, g, **kw):
         if self._kernel is None:
-            return torch_ref.chunk_gla(q, k, v, g, **kw)
+            return torch_ref.chunk_gla(q, k, v, g, chunk_size=REFERENCE_CHUNK_SIZE, **kw)
         return self._kernel(q, k, v, g_gamma=g, **kw)
 
     def _out(self, x, o):
@@ -371,8 +431,9 @@ class GLABlock(nn.Module):
         ``initial_state``: the mixer's, ``[B, H, K, V]`` float32 or None. ``cu_seqlens``: None, or
         int64 ``[N + 1]`` offsets of N sequences packed into one row (B = 1, FLA's convention); the
         states are then ``[N, H, K, V]``. Only the mixer mixes tokens (the norms and the SwiGLU act on
-        each token alone, and the block has no token shift or short convolution), so passing the
-        offsets to the mixer keeps every sequence apart.
+        each token alone; a mixer's short convolutions restart at every sequence start), so passing
+        the offsets to the mixer keeps every sequence apart. With ``use_short_conv`` the states are
+        :class:`ShortConvState` s.
         """
         y, state = self.attn(self.attn_norm(x), initial_state, output_final_state, cu_seqlens=cu_seqlens)
         x = x + y
@@ -390,7 +451,8 @@ class GLALM(nn.Module):
 
     Names follow FLA's ``GLAForCausalLM`` without its ``model.`` prefix: ``embeddings``, ``layers``,
     ``norm``, ``lm_head``. With ``tie_embeddings`` the head is the embedding matrix (one parameter).
-    ``mixer`` (see :data:`MIXERS`) and ``backend`` apply to every block; ``mixer_kwargs`` go to the mixers.
+    ``mixer`` (see :data:`MIXERS`) and ``backend`` apply to every block; ``mixer_kwargs`` go to the mixers
+    (e.g. ``use_short_conv=True``, whose per-layer states are then :class:`ShortConvState` s).
     The embedding starts as N(0, 0.02²), so the first logits are small.
     """
 

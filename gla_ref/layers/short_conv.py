@@ -1,0 +1,98 @@
+"""The short convolution of FLA's layers, in PyTorch: a causal depthwise convolution over time, then SiLU.
+
+Each channel c of x ``[B, T, D]`` is filtered on its own by W taps (``weight[c, 0, :]``, W =
+``conv_size``, 4 in FLA), looking only backwards::
+
+    y_t[c] = SiLU( Σ_{j<W} weight[c, 0, j] · x_{t−W+1+j}[c] )        (x_s = 0 before the sequence starts,
+                                                                      or the cache's inputs)
+
+so the last tap weighs the token itself and the first the token W − 1 steps back. Placed on q, k and v
+of a linear-attention layer it lets a token's key or value mix in the few tokens before it, a "token
+shift": a value can carry the key it follows, which a recurrence that only sums k_tᵀ v_t otherwise
+cannot see. The weight has ``nn.Conv1d``'s layout ``[D, 1, W]`` and no bias, as FLA's
+``ShortConvolution`` (``{q,k,v}_conv1d.weight``), so FLA's weights load unchanged.
+
+Decoding keeps the last W − 1 inputs of each sequence, a ``cache`` ``[B, W − 1, D]`` (oldest first):
+``forward`` over a prompt returns it and ``step`` over one more token (T = 1) continues from it with
+the same result as one pass. In a packed batch (``cu_seqlens``, B = 1) each sequence starts from its
+own cache row (zeros by default), never from the end of the previous sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gla_ref._validate import check_cu_seqlens, packed_layout
+from gla_ref.layers import config
+
+__all__ = ["ShortConvolution", "causal_conv1d"]
+
+
+def _check_cache(cache, N, W, D, like):
+    """The cache ``[N, W − 1, D]`` in x's dtype, zeros when None."""
+    if cache is None:
+        return like.new_zeros(N, W - 1, D)
+    if not isinstance(cache, torch.Tensor):
+        raise TypeError(f"cache must be a torch.Tensor or None, got {type(cache).__name__}")
+    if tuple(cache.shape) != (N, W - 1, D):
+        raise ValueError(f"cache must have shape [N, W - 1, D] = {(N, W - 1, D)} (the last W - 1 inputs of "
+                         f"each of the N sequences), got {tuple(cache.shape)}")
+    return cache.to(like.dtype)
+
+
+def _slide(src, weight, T):
+    """The W-tap causal filter over rows that start with their W − 1 earlier inputs:
+    src ``[N, W − 1 + T, D]``, weight ``[D, 1, W]`` → SiLU of the filter ``[N, T, D]``, float32 sums."""
+    W = weight.shape[-1]
+    w = weight[:, 0].float()
+    acc = sum(src[:, j:j + T].float() * w[:, j] for j in range(W))
+    return F.silu(acc).to(src.dtype)
+
+
+def causal_conv1d(x, weight, cache=None, cu_seqlens=None):
+    """Causal depthwise convolution + SiLU: x ``[B, T, D]``, weight ``[D, 1, W]`` → ``(y [B, T, D], cache)``.
+
+    ``cache``: the W − 1 inputs before x's first token per row, ``[B, W − 1, D]`` (None: zeros); the
+    returned cache is the last W − 1 inputs of each row (the given cache's entries if T < W − 1).
+    ``cu_seqlens``: None, or int64 ``[N + 1]`` offsets of N sequences packed into x ``[1, T, D]``;
+    each sequence then runs from its own row of ``cache`` ``[N, W − 1, D]`` and the returned cache is
+    ``[N, W − 1, D]``. Float32 sums, x's dtype out.
+    """
+    D, W = weight.shape[0], weight.shape[-1]
+    if x.dim() != 3 or x.shape[-1] != D:
+        raise ValueError(f"x must have shape [B, T, D] with D = {D}, got {tuple(x.shape)}")
+    B, T = x.shape[:2]
+    if cu_seqlens is None:
+        rows, lengths = x, np.full(B, T)
+    else:
+        check_cu_seqlens(cu_seqlens, T, B)
+        offsets = cu_seqlens.tolist()
+        gather, keep_rows, keep_cols = packed_layout(offsets)
+        padded = torch.cat([x, x.new_zeros(1, 1, D)], 1)
+        rows, lengths = padded[0, torch.as_tensor(gather, device=x.device)], np.diff(offsets)  # [N, L, D]
+    N, L = rows.shape[:2]
+    src = torch.cat([_check_cache(cache, N, W, D, x), rows], 1)  # [N, W − 1 + L, D]
+    y = _slide(src, weight, L)
+    last = torch.as_tensor(lengths[:, None] + np.arange(W - 1), device=x.device)  # src index of each kept input
+    new_cache = src[torch.arange(N, device=x.device)[:, None], last]
+    if cu_seqlens is not None:
+        y = y[torch.as_tensor(keep_rows, device=x.device), torch.as_tensor(keep_cols, device=x.device)][None]
+    return y, new_cache
+
+
+class ShortConvolution(nn.Module):
+    """FLA's short convolution (a causal depthwise ``nn.Conv1d`` without bias, then SiLU) on ``D``
+    channels of width ``conv_size``; ``weight`` ``[D, 1, conv_size]``, initialised as ``nn.Conv1d``
+    (uniform in ±conv_size^−½). ``forward(x, cache=None, cu_seqlens=None) -> (y, cache)``: see
+    :func:`causal_conv1d`."""
+
+    def __init__(self, D, conv_size=4):
+        super().__init__()
+        D, W = config.positive_int("D", D), config.positive_int("conv_size", conv_size)
+        self.weight = nn.Parameter(torch.empty(D, 1, W).uniform_(-W ** -0.5, W ** -0.5))
+
+    def forward(self, x, cache=None, cu_seqlens=None):
+        return causal_conv1d(x, self.weight, cache, cu_seqlens)
