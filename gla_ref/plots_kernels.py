@@ -161,11 +161,12 @@ def _state(name, mode, rows_blk, cols_blk, when, arg):
 
 def _chunk_states(name, mode, rows_blk, cols_blk, chunks, arg):
     """The materialised states ``h`` of one head, ``N`` blocks ``[K, V]`` stacked: the program's
-    ``rows_blk × cols_blk`` block of the states of the chunks ``chunks(s, b, p)``."""
+    ``rows_blk × cols_blk`` block of the states of the chunks ``chunks(s, b, p)``. The forward stores
+    them in the input dtype (``states_in_fp32=False``, the default)."""
     def tiles(s, b, p):
         r0, r1 = rows_blk(s, b, p)
         return [(n * s.K + r0, n * s.K + min(r1, s.K), *cols_blk(s, b, p)) for n in chunks(s, b, p)]
-    return Access(name, mode, lambda s, b: (cdiv(s.T, s.C) * s.K, s.V), tiles, "f32", tokens=False, arg=arg,
+    return Access(name, mode, lambda s, b: (cdiv(s.T, s.C) * s.K, s.V), tiles, "act", tokens=False, arg=arg,
                   fold=lambda s, b: s.K, fold_label="$S_{{[{i}]}}$")
 
 
@@ -270,7 +271,7 @@ TRITON = {
         accesses=(_tok("q", "read", K_, _intra_rows, _all(K_), arg="q"),
                   _tok("k", "read", K_, _intra_keys, _all(K_), arg="k"),
                   _tok("gc", "read", K_, _intra_keys, _all(K_), "f32", arg="gc"),
-                  _tok("A", "write", lambda s, b: s.C, _intra_rows, lambda s, b, p: (0, s.C), "f32", arg="A")),
+                  _tok("A", "write", lambda s, b: s.C, _intra_rows, lambda s, b, p: (0, s.C), arg="A")),
         chunk=lambda s, b: s.C),
     "chunk_output": KernelSpec(
         name="chunk_output_kernel", source="gla_ref.triton.chunk_output.chunk_output",
@@ -280,7 +281,7 @@ TRITON = {
         owns="one chunk's {C}×{BV} tile of o",
         accesses=(_tok("q", "read", K_, _chunk_rows, _all(K_), arg="q"),
                   _tok("gc", "read", K_, _chunk_rows, _all(K_), "f32", arg="gc"),
-                  _tok("A", "read", lambda s, b: s.C, _chunk_rows, lambda s, b, p: (0, s.C), "f32", arg="A"),
+                  _tok("A", "read", lambda s, b: s.C, _chunk_rows, lambda s, b, p: (0, s.C), arg="A"),
                   _chunk_states("h", "read", _all(K_),
                                 lambda s, b, p: _band(p[0], b["BV"], s.V), lambda s, b, p: [p[1]], "h"),
                   _tok("v", "read", V_, _chunk_rows, lambda s, b, p: _band(p[0], b["BV"], s.V), arg="v"),

@@ -178,16 +178,21 @@ def test_chunk_gla_stage_costs_by_hand():
     # KᵀV: 2·32·16·16 FLOPs; k, v in bf16 (2·512·2), gc (512·4), one 16×16 state in bf16 (512)
     assert s["state"] == {"tc_flops": 16384, "fp32_flops": 0, "bytes": 2048 + 2048 + 512}
     # one off-diagonal 16×16 tile of QKᵀ (2·16·16·16) on tensor cores, two diagonal ones in float32;
-    # q, k read (2048), gc (2048), A (32·32·4) written
-    assert s["intra"] == {"tc_flops": 8192, "fp32_flops": 16384, "bytes": 2048 + 2048 + 4096}
+    # q, k read (2048), gc (2048), A (32·32, bf16) written
+    assert s["intra"] == {"tc_flops": 8192, "fp32_flops": 16384, "bytes": 2048 + 2048 + 2048}
     # (Q ⊙ Λ) S: 2·32·16·16; A V over the three lower tiles: 3·2·16·16·16; q + gc (3072), the state,
     # A, v read and o written
-    assert s["output"] == {"tc_flops": 16384 + 24576, "fp32_flops": 0, "bytes": 3072 + 512 + 4096 + 2048}
+    assert s["output"] == {"tc_flops": 16384 + 24576, "fp32_flops": 0, "bytes": 3072 + 512 + 2048 + 2048}
     # states_in_fp32=True: the state written by one kernel and read by the other takes 1024 bytes
     s32 = bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, c=16, state_bytes=4)
     assert {k: s32[k]["bytes"] - s[k]["bytes"] for k in s} == {"cumsum": 0, "state": 512, "intra": 0, "output": 512}
+    # a float32 A (builds before it was stored in the input dtype): 2048 more bytes written and read
+    sa = bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, c=16, a_bytes=4)
+    assert {k: sa[k]["bytes"] - s[k]["bytes"] for k in s} == {"cumsum": 0, "state": 0, "intra": 2048, "output": 2048}
     with pytest.raises(ValueError, match="state_bytes"):
         bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, state_bytes=0)
+    with pytest.raises(ValueError, match="a_bytes"):
+        bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, a_bytes=0)
 
 
 @pytest.mark.parametrize("B,T,H,K,V,C", [(2, 1000, 3, 64, 32, 64), (8, 4096, 16, 128, 128, 32)])
@@ -236,9 +241,11 @@ def test_forward_cost_and_allocations_reject_unknown_names():
 
 def test_allocations_by_hand():
     # B=2, T=100, H=1, K=V=8, bf16: gc 2·100·8·4, ⌈100/64⌉ = 2 states of 8×8 per sequence in the
-    # input dtype (bf16: 128 bytes; float32 with states_in_fp32: 256), A 2·100·64·4, o 2·100·8·2
+    # input dtype (bf16: 128 bytes; float32 with states_in_fp32: 256), A 2·100·64·2 (float32 in older
+    # builds: a_bytes=4), o 2·100·8·2
     assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8) == {"gc": 6400, "states": 2 * 2 * 128,
-                                                                        "A": 51200, "o": 3200}
+                                                                        "A": 25600, "o": 3200}
+    assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8, a_bytes=4)["A"] == 51200
     assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8, state_bytes=4)["states"] == 2 * 2 * 256
     assert bench.forward_allocations("chunk_simple_gla", 2, 100, 1, 8, 8, act_bytes=4)["states"] == 2 * 2 * 256
     assert bench.forward_allocations("fused_chunk_gla", 2, 100, 1, 8, 8) == {"o": 3200}
@@ -248,12 +255,14 @@ def test_materialised_allocations_match_the_stored_gpu_peaks():
     path, result = bench.latest_results("triton_bench", ROOT / "benchmarks" / "results")
     sh = result["shape"]
     # bytes of a stored chunk state in that run: results written before chunk_gla stored its states in
-    # the input dtype (states_in_fp32 did not exist) record none, and their states were float32
-    state = sh.get("state_bytes", 4)
+    # the input dtype (states_in_fp32 did not exist) record none, and their states were float32; so
+    # was A before it was stored in the input dtype
+    state, a = sh.get("state_bytes", 4), sh.get("A_bytes", 4)
     checked = 0
     for name in ("chunk_gla", "chunk_simple_gla"):
         for T, peak in zip(*bench.series(result, name, "fwd_peak_bytes")):
-            allocs = bench.forward_allocations(name, sh["B"], T, sh["H"], sh["K"], sh["V"], state_bytes=state)
+            allocs = bench.forward_allocations(name, sh["B"], T, sh["H"], sh["K"], sh["V"], state_bytes=state,
+                                               a_bytes=a)
             assert peak == sum(allocs.values())
             checked += 1
     assert checked >= 4, f"{path.name} holds too few forward peaks"

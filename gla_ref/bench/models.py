@@ -146,25 +146,28 @@ def _chunk_state_bytes(B, T, H, K, V, C, dtype_bytes):
 
 
 def _state_dtype_bytes(act_bytes, state_bytes):
-    """Bytes of a stored chunk state: ``state_bytes``, or the activations' when None (the default of
-    chunk_gla and chunk_simple_gla: states in the input dtype)."""
+    """Bytes of an element of a stored intermediate (a chunk state, A): ``state_bytes``, or the
+    activations' when None (the default of chunk_gla and chunk_simple_gla: the input dtype)."""
     return act_bytes if state_bytes is None else state_bytes
 
 
-def chunk_gla_stage_costs(B, T, H, K, V, C=64, c=16, act_bytes=2, gate_bytes=4, state_bytes=None) -> dict:
+def chunk_gla_stage_costs(B, T, H, K, V, C=64, c=16, act_bytes=2, gate_bytes=4, state_bytes=None,
+                          a_bytes=None) -> dict:
     """Cost of each forward kernel of ``gla_ref.triton.chunk_gla`` (chapter 4), the FLOPs from
     :func:`two_level_flop_split`: ``cumsum`` (g → gc, the float32 chunk-local cumulative log-gate
     log Λ), ``state`` (the inter-chunk recurrence: k, v, gc → a float32 state per chunk), ``intra``
-    (q, k, gc → the float32 ``C × C`` blocks A: sub-chunk pairs on tensor cores, diagonal tiles in
+    (q, k, gc → the ``C × C`` blocks A: sub-chunk pairs on tensor cores, diagonal tiles in
     float32) and ``output`` (q, gc, states, A, v → o by ``(Q ⊙ Λ) S + A V``). The states take
     ``state_bytes`` an element: None means ``act_bytes`` (chunk_gla's default), 4 its
-    ``states_in_fp32=True``."""
+    ``states_in_fp32=True``; A takes ``a_bytes``: None means ``act_bytes`` (stored in the input
+    dtype), 4 for builds that stored it in float32."""
     state_bytes = _state_dtype_bytes(act_bytes, state_bytes)
+    a_bytes = _state_dtype_bytes(act_bytes, a_bytes)
     _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, c=c, act_bytes=act_bytes, gate_bytes=gate_bytes,
-                   state_bytes=state_bytes)
+                   state_bytes=state_bytes, a_bytes=a_bytes)
     f = {key: B * H * n for key, n in two_level_flop_split(T, C, c, K, V).items() if key != "half_fraction"}
     xk, xv = B * T * H * K, B * T * H * V  # elements of q, k or gc; of v or o
-    states, A = _chunk_state_bytes(B, T, H, K, V, C, state_bytes), B * T * H * C * 4
+    states, A = _chunk_state_bytes(B, T, H, K, V, C, state_bytes), B * T * H * C * a_bytes
     return {
         "cumsum": _cost(nbytes=xk * (gate_bytes + 4)),
         "state": _cost(f["state"], 0, (xk + xv) * act_bytes + xk * 4 + states),
@@ -213,13 +216,13 @@ def sdpa_causal_cost(B, T, H, K, V, act_bytes=2) -> dict:
     return _cost(B * H * pairs * 2 * (K + V), 0, (2 * xk + 2 * xv) * act_bytes + B * H * T * 4)
 
 
-def forward_cost(name, B, T, H, K, V, act_bytes=2, state_bytes=None) -> dict:
+def forward_cost(name, B, T, H, K, V, act_bytes=2, state_bytes=None, a_bytes=None) -> dict:
     """The forward cost of a candidate of ``benchmarks/bench_triton.py`` by its name, at the default
     chunk sizes of its kernel (chunk_gla and chunk_simple_gla 64 with sub-chunks of 16,
-    fused_chunk_gla 16); ``state_bytes`` as in :func:`chunk_gla_stage_costs`."""
+    fused_chunk_gla 16); ``state_bytes`` and ``a_bytes`` as in :func:`chunk_gla_stage_costs`."""
     models = {
         "chunk_gla": lambda: _add_costs(chunk_gla_stage_costs(B, T, H, K, V, act_bytes=act_bytes,
-                                                              state_bytes=state_bytes).values()),
+                                                              state_bytes=state_bytes, a_bytes=a_bytes).values()),
         "fused_chunk_gla": lambda: fused_chunk_gla_cost(B, T, H, K, V, act_bytes=act_bytes),
         "chunk_simple_gla": lambda: chunk_simple_gla_cost(B, T, H, K, V, act_bytes=act_bytes,
                                                           state_bytes=state_bytes),
@@ -230,20 +233,23 @@ def forward_cost(name, B, T, H, K, V, act_bytes=2, state_bytes=None) -> dict:
     return models[name]()
 
 
-def forward_allocations(name, B, T, H, K, V, act_bytes=2, state_bytes=None) -> dict:
+def forward_allocations(name, B, T, H, K, V, act_bytes=2, state_bytes=None, a_bytes=None) -> dict:
     """Bytes of each tensor that one forward of a ``gla_ref.triton`` kernel allocates at its default
     chunk size (64), no final state asked for. All are alive at once at its end, so their sum is the forward's peak memory above its
     inputs: ``chunk_gla`` gc (the float32 chunk-local cumulative log-gate log Λ), the states of every
     chunk, A and o; ``chunk_simple_gla`` the summed scalar gate, gc, the states and o;
     ``fused_chunk_gla`` o alone. Keys name the tensors as the kernels do. The states take
     ``state_bytes`` an element: None means ``act_bytes`` (the kernels' default, states in the input
-    dtype), 4 their ``states_in_fp32=True`` (and every build before that option existed)."""
+    dtype), 4 their ``states_in_fp32=True`` (and every build before that option existed); chunk_gla's
+    A takes ``a_bytes``: None means ``act_bytes`` (the input dtype), 4 for builds that stored it in
+    float32."""
     state_bytes = _state_dtype_bytes(act_bytes, state_bytes)
-    _positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes, state_bytes=state_bytes)
+    a_bytes = _state_dtype_bytes(act_bytes, a_bytes)
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes, state_bytes=state_bytes, a_bytes=a_bytes)
     xk, xv, xg = B * T * H * K, B * T * H * V, B * T * H
     allocs = {
         "chunk_gla": lambda: {"gc": xk * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64, state_bytes),
-                              "A": B * T * H * 64 * 4, "o": xv * act_bytes},
+                              "A": B * T * H * 64 * a_bytes, "o": xv * act_bytes},
         "chunk_simple_gla": lambda: {"g": xg * 4, "gc": xg * 4,
                                      "states": _chunk_state_bytes(B, T, H, K, V, 64, state_bytes),
                                      "o": xv * act_bytes},

@@ -12,7 +12,8 @@ Forward, one kernel per step:
 2. h: S_[i], the state entering each chunk (stored in the input dtype, or float32 with
    ``states_in_fp32``), and the final state (float32)              (:mod:`chunk_state`)
 3. A, the intra-chunk matrix: sub-chunk pairs by tensor-core matmuls,
-   diagonal sub-chunk tiles in float32 by running gate products    (:mod:`chunk_intra`)
+   diagonal sub-chunk tiles in float32 by running gate products;
+   stored in the input dtype, which both readers round it to       (:mod:`chunk_intra`)
 4. O_[i+1] = scale·(Q ⊙ Λ) S_[i] + (A ⊙ M) V                        (:mod:`chunk_output`)
 
 Backward, seven numbered steps (those of the FLA reading notes; chapters 4 and 6 use these numbers):

@@ -26,7 +26,9 @@ Grid ``(C/c, ⌈T/C⌉, B·H)``: a program owns the c × C row strip of A of one
 tiles left of the diagonal, the diagonal tile, zeros right of it), with the whole K (≤ 256, padded
 to a power of two) in one block: every entry of A is a sum over all K, and A does not involve V.
 HBM: the strip's q and gc rows, k and gc rows of sub-chunks [u], u ≤ s (the earlier ones shared in
-L2 with the strip's neighbours), A written once in float32 with zeros above the diagonal. Packed
+L2 with the strip's neighbours), A written once in q's dtype with zeros above the diagonal (its two
+readers, the output kernel and the backward's dv kernel, round it to that dtype for their dots anyway,
+so a float32 A would only double its bytes and change no result). Packed
 batch (``varlen``): grid ``(C/c, NT, H)`` over the NT chunks of all sequences, each program reading
 its row of the chunk table and the two offsets of its sequence; rows past a sequence's end are
 neither read nor written.
@@ -117,10 +119,10 @@ def chunk_intra_kernel(q, k, gc, A, cu_seqlens, chunk_indices, scale, T, H: tl.c
 
 
 def chunk_intra_attention(q, k, gc, scale: float, chunk_size: int, varlen=None) -> torch.Tensor:
-    """A ``[B, T, H, C]`` in float32: row t holds A[t, ·] of its chunk (scale included); chunks of
+    """A ``[B, T, H, C]`` in q's dtype: row t holds A[t, ·] of its chunk (scale included); chunks of
     each packed sequence with ``varlen``."""
     B, T, H, K = q.shape
-    A = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=q.device)
+    A = torch.empty(B, T, H, chunk_size, dtype=q.dtype, device=q.device)
     c = min(SUB_CHUNK, chunk_size)
     grid = (chunk_size // c, num_chunks(T, chunk_size, varlen), B * H)
     chunk_intra_kernel[grid](q, k, gc, A, scale=scale, T=T, H=H, K=K,
