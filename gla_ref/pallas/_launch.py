@@ -8,36 +8,42 @@ from jax.experimental import pallas as pl
 from gla_ref.pallas import chunk_math as cm
 
 
-def sub_blocks(ref, n_sub, start=0):
-    """The ``n_sub`` sub-chunks ``[SUB, D]`` of the chunk starting at row ``start`` of ``ref``."""
-    return [ref[pl.ds(start + i * cm.SUB, cm.SUB), :] for i in range(n_sub)]
+def sub_blocks(ref, n_sub, start=0, sub=cm.SUB):
+    """The ``n_sub`` sub-chunks ``[sub, D]`` of the chunk starting at row ``start`` of ``ref``
+    (``sub`` = the chunk itself gives one whole-chunk tile)."""
+    return [ref[pl.ds(start + i * sub, sub), :] for i in range(n_sub)]
 
 
-def store(ref, blocks, start=0):
-    """Write sub-chunks back from row ``start`` of ``ref``, in its dtype."""
+def store(ref, blocks, start=0, sub=cm.SUB):
+    """Write sub-chunks of ``sub`` rows back from row ``start`` of ``ref``, in its dtype."""
     for i, x in enumerate(blocks):
-        ref[pl.ds(start + i * cm.SUB, cm.SUB), :] = x.astype(ref.dtype)
+        ref[pl.ds(start + i * sub, sub), :] = x.astype(ref.dtype)
 
 
-def chunk_output_kernel(n_sub, scale):
+def chunk_output_kernel(n_sub, scale, sub=cm.SUB):
     """Body of the non-fused output kernel: one chunk's output from the state ``h`` entering it."""
     def kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref):
-        qs, ks, bs = (sub_blocks(r, n_sub) for r in (q_ref, k_ref, b_ref))
+        qs, ks, bs = (sub_blocks(r, n_sub, sub=sub) for r in (q_ref, k_ref, b_ref))
         A = cm.intra_scores(qs, ks, bs, scale)
-        store(o_ref, cm.chunk_output(qs, sub_blocks(v_ref, n_sub), bs, h_ref[...], A, scale))
+        store(o_ref, cm.chunk_output(qs, sub_blocks(v_ref, n_sub, sub=sub), bs, h_ref[...], A, scale), sub=sub)
 
     return kernel
 
 
-def chunk_grad_kernel(n_sub, scale):
-    """Body of the non-fused gradient kernel: one chunk's ``dq, dk, dv`` from the state entering
-    it (``h``) and the gradient of the state leaving it (``dso``)."""
-    def kernel(q_ref, k_ref, v_ref, b_ref, do_ref, h_ref, dso_ref, dq_ref, dk_ref, dv_ref):
-        qs, ks, vs, bs, dos = (sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
-        store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, h_ref[...], scale))
-        dk, dv = cm.chunk_dkv(qs, ks, vs, bs, dos, dso_ref[...], cm.intra_scores(qs, ks, bs, scale), scale)
-        store(dk_ref, dk)
-        store(dv_ref, dv)
+def chunk_grad_kernel(n_sub, scale, sub=cm.SUB):
+    """Body of the non-fused gradient kernel: one chunk's ``dq, dk, dv`` and its gate gradient
+    ``dg`` (chunk-local, :func:`chunk_math.chunk_gate_grad`) from the state entering it (``h``) and
+    the gradient of the state leaving it (``dso``); ``dq, dk, dg`` are this value block's partials."""
+    def kernel(q_ref, k_ref, v_ref, b_ref, do_ref, h_ref, dso_ref, dq_ref, dk_ref, dv_ref, dg_ref):
+        qs, ks, vs, bs, dos = (sub_blocks(r, n_sub, sub=sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+        St = h_ref[...]
+        dq = cm.chunk_dq(qs, ks, vs, bs, dos, St, scale)
+        dk, dv, dgamma = cm.chunk_dkv(qs, ks, vs, bs, dos, dso_ref[...],
+                                      cm.intra_scores(qs, ks, bs, scale), scale, St=St)
+        store(dq_ref, dq, sub=sub)
+        store(dk_ref, dk, sub=sub)
+        store(dv_ref, dv, sub=sub)
+        store(dg_ref, cm.chunk_gate_grad(qs, ks, dq, dk, bs, dgamma), sub=sub)
 
     return kernel
 

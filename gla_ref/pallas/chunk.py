@@ -199,11 +199,11 @@ def _backward(plan: Plan, q, k, v, b, h0, do, dht):
     L, kw = plan.launcher, {"chunk": plan.chunk, "scale": plan.scale, "interpret": plan.interpret}
     want_dh0 = h0 is not None
     if plan.fused:
-        return L.fused_bwd(q, k, v, b, do, h0, dht, want_dh0=want_dh0, **kw)
+        return (*L.fused_bwd(q, k, v, b, do, h0, dht, want_dh0=want_dh0, **kw), None)
     h, _ = L.state_fwd(k, v, b, h0, chunk=plan.chunk, want_final=False, interpret=plan.interpret)
     dso, dh0 = L.state_bwd(q, b, do, dht, want_dh0=want_dh0, **kw)
-    dq, dk, dv = L.chunk_bwd(q, k, v, b, do, h, dso, **kw)
-    return dq, dk, dv, dh0
+    dq, dk, dv, dg = L.chunk_bwd(q, k, v, b, do, h, dso, **kw)
+    return dq, dk, dv, dh0, dg.sum(2)
 
 
 def _gate_grad(q, k, dq, dk, g, ht, dht, C):
@@ -244,9 +244,10 @@ def _kernels(plan: Plan):
         q, k, v, g, h0, ht = res
         do, dht = cotangents
         do = do.astype(q.dtype)
-        dq, dk, dv, dh0 = _backward(plan, q, k, v, _local_cumsum(g, plan.chunk), h0, do, dht)
+        dq, dk, dv, dh0, dg = _backward(plan, q, k, v, _local_cumsum(g, plan.chunk), h0, do, dht)
         dq, dk = dq.sum(2), dk.sum(2)  # partials of the value blocks
-        dg = _gate_grad(q, k, dq, dk, g, ht, dht, plan.chunk)
+        if dg is None:  # the fused path has no state next to its gradient: the sequence-wide form
+            dg = _gate_grad(q, k, dq, dk, g, ht, dht, plan.chunk)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dh0
 
     f.defvjp(f_fwd, f_bwd)

@@ -212,14 +212,52 @@ def chunk_dq(q, k, v, b, do, St, scale):
     return out
 
 
-def chunk_dkv(q, k, v, b, do, dSt, A, scale):
+def _reverse_rows(x):
+    """``Σ_{s ≥ t} x_s`` down the rows of one sub-chunk ``x [c, D]`` (float32): for ``D = 1`` by a masked
+    sum (a matmul needs 16 columns on Triton), else a full-precision matmul by a triangle of ones."""
+    c = x.shape[0]
+    upper = _iota((c, c), 1) >= _iota((c, c), 0)
+    if x.shape[1] == 1:
+        return jnp.sum(jnp.where(upper, as_row(x), 0.0), axis=1, keepdims=True)
+    return mm(upper.astype(F32), x)
+
+
+def chunk_gate_grad(q, k, dq, dk, b, dgamma):
+    """Gate gradient of one chunk (float32, per sub-chunk, width ``Kg`` of ``b``), chunk-local (§4.3):
+
+    ``dg_t = Σ_{s ≥ t in the chunk} (q_s ⊙ dq_s − k_s ⊙ dk_s) + dγ``, where ``dγ`` (``[1, Kg]``) is the
+    gradient of the chunk's total log-decay ``b_C`` through the state it carries on (see
+    :func:`chunk_dkv`). Equal in exact arithmetic to the reverse cumulative sum over the whole
+    sequence, but nothing is summed across chunks: the sequence-wide sum adds up every later
+    chunk's rounding errors of ``q ⊙ dq − k ⊙ dk``, whose exact chunk totals largely cancel.
+    Linear in ``dq, dk, dγ``, so value blocks may each give a partial.
+    """
+    running, out = dgamma, [None] * len(q)
+    for I in reversed(range(len(q))):
+        x = q[I].astype(F32) * dq[I] - k[I].astype(F32) * dk[I]
+        if b[I].shape[1] == 1:  # a scalar gate scales every key column alike
+            x = jnp.sum(x, axis=1, keepdims=True)
+        out[I] = _reverse_rows(x) + running
+        running = running + jnp.sum(x, axis=0, keepdims=True)
+    return out
+
+
+def chunk_dkv(q, k, v, b, do, dSt, A, scale, St=None):
     """``dK, dV`` of one chunk (float32) given ``dS``, the gradient of the state leaving it (as ``dSᵀ``):
-    ``dK_J = (V_J dSᵀ) ⊙ e^{b_C − b_J} + intra``, ``dV_J = (K_J ⊙ e^{b_C − b_J}) dS + Σ_{I ≥ J} A_IJᵀ dO_I``."""
+    ``dK_J = (V_J dSᵀ) ⊙ e^{b_C − b_J} + intra``, ``dV_J = (K_J ⊙ e^{b_C − b_J}) dS + Σ_{I ≥ J} A_IJᵀ dO_I``.
+
+    Given ``St``, the state entering the chunk (as ``Sᵀ``), also returns ``dγ [1, Kg]``, the gradient
+    of the chunk's total log-decay ``b_C`` where it enters explicitly: through ``e^{b_C} S`` and the
+    keys' ``e^{b_C − b_J}``, ``dγ = e^{b_C} ⊙ Σ_v S ⊙ dS + Σ_J Σ_rows K_J ⊙ (V_J dSᵀ) ⊙ e^{b_C − b_J}``
+    (for :func:`chunk_gate_grad`)."""
     bC = chunk_end(b)
     dk_out, dv_out = [], []
+    dgamma = None if St is None else jnp.exp(bC) * jnp.sum(St * dSt, axis=0, keepdims=True)
     for J in range(len(k)):
         decay = jnp.exp(bC - b[J])
         dk = mm(v[J], _lowp(dSt, v[J])) * decay
+        if dgamma is not None:
+            dgamma = dgamma + jnp.sum(k[J].astype(F32) * dk, axis=0, keepdims=True)
         dv = mm_nt(_lowp(k[J] * decay, k[J]), _lowp(dSt, k[J]))
         for I in range(J + 1, len(q)):
             r = row(b[I], 0)
@@ -230,4 +268,8 @@ def chunk_dkv(q, k, v, b, do, dSt, A, scale):
         dv = dv + mm_tn(_lowp(A[J][J], do[J]), do[J])
         dk_out.append(dk)
         dv_out.append(dv)
-    return dk_out, dv_out
+    if dgamma is None:
+        return dk_out, dv_out
+    if b[0].shape[1] == 1:
+        dgamma = jnp.sum(dgamma, axis=1, keepdims=True)
+    return dk_out, dv_out, dgamma

@@ -105,8 +105,8 @@ def _chunk_state_spec(d: Dims):
     return pl.BlockSpec((_SQ, _SQ, _SQ, d.BV, d.K), lambda b, h, iv, n: (b, h, n, iv, 0))
 
 
-def _partial_spec(d: Dims):
-    return pl.BlockSpec((_SQ, _SQ, _SQ, d.C, d.K), lambda b, h, iv, n: (b, h, iv, n, 0))
+def _partial_spec(d: Dims, width=None):
+    return pl.BlockSpec((_SQ, _SQ, _SQ, d.C, d.K if width is None else width), lambda b, h, iv, n: (b, h, iv, n, 0))
 
 
 # ---------------------------------------------------------------- helpers
@@ -241,8 +241,8 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
 
 
 def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
-    """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``) and ``dv`` (float32),
-    one program per chunk."""
+    """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32) and the
+    gate gradient's partials ``[B, H, NV, T, Kg]``, one program per chunk."""
     d = dims_of(q, v, b, chunk)
     n_sub = d.C // cm.SUB
 
@@ -251,8 +251,8 @@ def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
                 _value_spec(d), _chunk_state_spec(d), _chunk_state_spec(d)]
     part = _sds((d.B, d.H, d.NV, d.N * d.C, d.K))
     return _call(kernel, (d.B, d.H, d.NV, d.N), in_specs,
-                 [_partial_spec(d), _partial_spec(d), _value_spec(d)],
-                 [part, part, _sds(v.shape)], interpret=interpret,
+                 [_partial_spec(d), _partial_spec(d), _value_spec(d), _partial_spec(d, d.Kg)],
+                 [part, part, _sds(v.shape), _sds((d.B, d.H, d.NV, d.N * d.C, d.Kg))], interpret=interpret,
                  name="gla_chunk_bwd")(q, k, v, b, do, h, dso)
 
 

@@ -9,6 +9,13 @@ Arrays arrive in kernel layout (see :mod:`gla_ref.pallas.chunk`): ``[B, H, T, D]
 multiple of the chunk and ``K``, ``V`` padded to multiples of 128, so every block satisfies
 Mosaic's (8, 128) rule: a block is one chunk ``[C, K]`` (``C`` a multiple of 16) or one state
 ``[BV, K]`` (states are held transposed, see chunk_math); a scalar gate block ``[C, 1]`` spans its array's whole last axis.
+
+MXU-shaped tiles: blocks span the whole padded K and 128 value columns, so every state matmul is
+at least 128 wide. With a scalar or constant gate (``chunk_simple_gla``) the intra-chunk scores
+are built from one whole-chunk tile, ``(Q Kᵀ) ⊙ D`` with the ``[C, C]`` decay ``D_ij = e^{b_i − b_j}``
+(exponents ≤ 0 under the causal mask, applied by ``where``), instead of ``(C/16)²/2`` tiles of 16
+rows, which would fill 16/128 of a 128 × 128 MXU (16/256 on v6e). GLA's per-key decay keeps the
+16-row two-level tiles. :func:`launch_params` reports the choice.
 """
 
 from __future__ import annotations
@@ -54,6 +61,26 @@ class Dims(NamedTuple):
     def grid(self):
         return (self.B, self.H, self.V // self.BV, self.N)
 
+    @property
+    def sub(self):
+        """Rows of one intra-chunk tile: the whole chunk for a scalar gate (its decay is a ``[C, C]``
+        matrix, so the scores are one ``C × K @ K × C`` matmul filling the MXU's rows), 16 for GLA
+        (the per-key decay needs the two-level split of :mod:`chunk_math`)."""
+        return self.C if self.Kg == 1 else cm.SUB
+
+    @property
+    def n_sub(self):
+        return self.C // self.sub
+
+
+def launch_params(K: int, V: int, chunk: int, scalar_gate: bool) -> dict:
+    """The block sizes this launcher picks for heads ``K × V`` (before padding), a chunk size and a
+    gate kind: ``{"BK", "BV", "tile_rows", "n_tiles"}``. A block spans the whole padded K (≥ 128) and
+    ``min(V_pad, 128)`` value columns; ``tile_rows`` is the row count of the intra-chunk matmuls."""
+    K_pad, V_pad = padded_dims(K, V)
+    d = Dims(1, 1, 1, chunk, K_pad, V_pad, block_v(V_pad), 1 if scalar_gate else K_pad)
+    return {"BK": d.K, "BV": d.BV, "tile_rows": d.sub, "n_tiles": d.n_sub}
+
 
 def dims_of(q, v, b, chunk):
     B, H, T, K = q.shape
@@ -89,9 +116,9 @@ def _chunk_state_spec(d: Dims, *, reverse=False):
                         lambda b, h, iv, n: (b, h, d.N - 1 - n if reverse else n, iv, 0))
 
 
-def _partial_spec(d: Dims, *, reverse=False):
-    """One chunk of a per-value-block partial gradient ``[B, H, NV, T, K]``."""
-    return pl.BlockSpec((_SQ, _SQ, _SQ, d.C, d.K),
+def _partial_spec(d: Dims, width=None, *, reverse=False):
+    """One chunk of a per-value-block partial gradient ``[B, H, NV, T, width]`` (width K by default)."""
+    return pl.BlockSpec((_SQ, _SQ, _SQ, d.C, d.K if width is None else width),
                         lambda b, h, iv, n: (b, h, iv, d.N - 1 - n if reverse else n, 0))
 
 
@@ -123,7 +150,7 @@ def _state_call(kernel, d: Dims, in_specs, args, out_specs, out_shape, state_in,
 def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
     """States entering each chunk ``h [B, H, N, V, K]`` (float32, transposed) and the final state (or None)."""
     d = dims_of(k, v, b, chunk)
-    n_sub, last = d.C // cm.SUB, d.N - 1
+    n_sub, last = d.n_sub, d.N - 1
 
     def kernel(*refs):
         k_ref, v_ref, b_ref = refs[:3]
@@ -137,8 +164,8 @@ def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
             S[...] = h0_ref[...] if h0_ref is not None else jnp.zeros(S.shape, S.dtype)
 
         h_ref[...] = S[...]
-        S[...] = cm.state_update(_sub_blocks(k_ref, n_sub), _sub_blocks(v_ref, n_sub),
-                                 _sub_blocks(b_ref, n_sub), S[...])
+        S[...] = cm.state_update(_sub_blocks(k_ref, n_sub, sub=d.sub), _sub_blocks(v_ref, n_sub, sub=d.sub),
+                                 _sub_blocks(b_ref, n_sub, sub=d.sub), S[...])
         if ht_ref is not None:
             @pl.when(n == last)
             def _():
@@ -152,9 +179,9 @@ def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
 def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
     """The output, every chunk in parallel from the state ``h`` entering it."""
     d = dims_of(q, v, b, chunk)
-    n_sub = d.C // cm.SUB
+    n_sub = d.n_sub
 
-    kernel = _launch.chunk_output_kernel(n_sub, scale)
+    kernel = _launch.chunk_output_kernel(n_sub, scale, sub=d.sub)
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d),
                 _chunk_spec(d, d.Kg), _chunk_state_spec(d)]
     return _call(kernel, d, in_specs, _value_spec(d), _sds(v.shape, q.dtype),
@@ -166,7 +193,7 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
 def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
     """Output and final state in one pass; the state lives in VMEM and never reaches HBM."""
     d = dims_of(q, v, b, chunk)
-    n_sub, last = d.C // cm.SUB, d.N - 1
+    n_sub, last = d.n_sub, d.N - 1
 
     def kernel(*refs):
         q_ref, k_ref, v_ref, b_ref = refs[:4]
@@ -179,9 +206,9 @@ def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
         def _():
             S[...] = h0_ref[...] if h0_ref is not None else jnp.zeros(S.shape, S.dtype)
 
-        qs, ks, vs, bs = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref))
+        qs, ks, vs, bs = (_sub_blocks(r, n_sub, sub=d.sub) for r in (q_ref, k_ref, v_ref, b_ref))
         A = cm.intra_scores(qs, ks, bs, scale)
-        _store(o_ref, cm.chunk_output(qs, vs, bs, S[...], A, scale))
+        _store(o_ref, cm.chunk_output(qs, vs, bs, S[...], A, scale), sub=d.sub)
         S[...] = cm.state_update(ks, vs, bs, S[...])
         if ht_ref is not None:
             @pl.when(n == last)
@@ -199,7 +226,7 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
     """Gradients w.r.t. the state leaving each chunk ``[B, H, N, V, K]`` and w.r.t. h0 (or None),
     chunks visited from last to first."""
     d = dims_of(q, do, b, chunk)
-    n_sub, last = d.C // cm.SUB, d.N - 1
+    n_sub, last = d.n_sub, d.N - 1
 
     def kernel(*refs):
         q_ref, b_ref, do_ref = refs[:3]
@@ -213,8 +240,8 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
             dS[...] = dht_ref[...] if dht_ref is not None else jnp.zeros(dS.shape, dS.dtype)
 
         dso_ref[...] = dS[...]
-        dS[...] = cm.state_grad_update(_sub_blocks(q_ref, n_sub), _sub_blocks(b_ref, n_sub),
-                                       _sub_blocks(do_ref, n_sub), dS[...], scale)
+        dS[...] = cm.state_grad_update(_sub_blocks(q_ref, n_sub, sub=d.sub), _sub_blocks(b_ref, n_sub, sub=d.sub),
+                                       _sub_blocks(do_ref, n_sub, sub=d.sub), dS[...], scale)
         if dh0_ref is not None:
             @pl.when(step == last)
             def _():
@@ -228,18 +255,20 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
 
 
 def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
-    """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``) and ``dv`` (float32),
-    every chunk in parallel from the state entering it and the gradient of the state leaving it."""
+    """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32) and the
+    gate gradient's partials ``[B, H, NV, T, Kg]``, every chunk in parallel from the state entering
+    it and the gradient of the state leaving it."""
     d = dims_of(q, v, b, chunk)
-    n_sub = d.C // cm.SUB
+    n_sub = d.n_sub
 
-    kernel = _launch.chunk_grad_kernel(n_sub, scale)
+    kernel = _launch.chunk_grad_kernel(n_sub, scale, sub=d.sub)
     vspec = _value_spec(d)
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), vspec, _chunk_spec(d, d.Kg), vspec,
                 _chunk_state_spec(d), _chunk_state_spec(d)]
     part = _sds((d.B, d.H, d.V // d.BV, d.N * d.C, d.K))
-    return _call(kernel, d, in_specs, [_partial_spec(d), _partial_spec(d), vspec],
-                 [part, part, _sds(v.shape)], sequential=False, interpret=interpret,
+    dg_part = _sds((d.B, d.H, d.V // d.BV, d.N * d.C, d.Kg))
+    return _call(kernel, d, in_specs, [_partial_spec(d), _partial_spec(d), vspec, _partial_spec(d, d.Kg)],
+                 [part, part, _sds(v.shape), dg_part], sequential=False, interpret=interpret,
                  name="gla_chunk_bwd")(q, k, v, b, do, h, dso)
 
 
@@ -249,7 +278,7 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
     """All gradients with states kept on chip: one kernel runs the chunks forwards for ``dq``
     (re-building the state), a second runs them backwards for ``dk, dv, dh0``."""
     d = dims_of(q, v, b, chunk)
-    n_sub, last = d.C // cm.SUB, d.N - 1
+    n_sub, last = d.n_sub, d.N - 1
     vspec, vspec_rev = _value_spec(d), _value_spec(d, reverse=True)
     part = _sds((d.B, d.H, d.V // d.BV, d.N * d.C, d.K))
 
@@ -262,8 +291,8 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
         def _():
             S[...] = h0_ref[...] if h0_ref is not None else jnp.zeros(S.shape, S.dtype)
 
-        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
-        _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S[...], scale))
+        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, sub=d.sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+        _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S[...], scale), sub=d.sub)
         S[...] = cm.state_update(ks, vs, bs, S[...])
 
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), vspec, _chunk_spec(d, d.Kg), vspec]
@@ -281,10 +310,10 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
         def _():
             dS[...] = dht_ref[...] if dht_ref is not None else jnp.zeros(dS.shape, dS.dtype)
 
-        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, sub=d.sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
         dk, dv = cm.chunk_dkv(qs, ks, vs, bs, dos, dS[...], cm.intra_scores(qs, ks, bs, scale), scale)
-        _store(dk_ref, dk)
-        _store(dv_ref, dv)
+        _store(dk_ref, dk, sub=d.sub)
+        _store(dv_ref, dv, sub=d.sub)
         dS[...] = cm.state_grad_update(qs, bs, dos, dS[...], scale)
         if dh0_ref is not None:
             @pl.when(step == last)
