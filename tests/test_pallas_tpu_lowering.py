@@ -80,3 +80,51 @@ def test_triton_lowering(name, shape):
             lowered = jax.jit(_fwd_and_bwd(name, C, "gpu", with_states)).trace(*args).lower(
                 lowering_platforms=("cuda",))
         assert "__gpu$xla.gpu.triton" in lowered.as_text(), "expected Triton kernels"
+
+
+@pytest.mark.parametrize("K, V, C, scalar", [(64, 64, 64, True), (128, 128, 64, True), (100, 200, 128, True),
+                                             (256, 512, 64, False), (20, 24, 16, False)])
+def test_tpu_blocks_fill_the_mxu_where_dims_allow(K, V, C, scalar):
+    """The Mosaic launcher's launch parameters: whole (padded) K and 128 value columns a block, so
+    every state matmul is ≥ 128 wide; a scalar/constant gate's intra-chunk scores are one whole-chunk
+    tile of C rows, GLA's are 16-row tiles (its per-key decay needs them)."""
+    from gla_ref.pallas import tpu
+
+    p = tpu.launch_params(K, V, C, scalar)
+    assert p["BK"] >= 128 and p["BK"] >= K and p["BK"] % 128 == 0
+    assert p["BV"] == 128  # V < 128 stays one block (padded), larger V is split into blocks of 128
+    assert (p["tile_rows"], p["n_tiles"]) == ((C, 1) if scalar else (16, C // 16))
+
+
+def _jaxprs_in_params(params):
+    try:
+        from jax.extend.core import jaxprs_in_params
+    except ImportError:  # older JAX
+        jaxprs_in_params = jax.core.jaxprs_in_params
+    return jaxprs_in_params(params)
+
+
+def _kernel_dot_shapes(name, C):
+    """Result shapes of every matmul inside the Mosaic kernels of ``name`` (forward and backward),
+    read from the kernels' own jaxprs (the lowered Mosaic bodies are serialised)."""
+    args = _specs(name, 1, 2 * C, 1, 128, 128, bf16)
+    shapes = set()
+
+    def walk(jaxpr, inside):
+        for eqn in jaxpr.eqns:
+            if inside and eqn.primitive.name == "dot_general":
+                shapes.add(tuple(eqn.outvars[0].aval.shape))
+            for sub in _jaxprs_in_params(eqn.params):
+                walk(sub, inside or eqn.primitive.name == "pallas_call")
+
+    walk(jax.make_jaxpr(_fwd_and_bwd(name, C, "tpu", False))(*args).jaxpr, False)
+    return shapes
+
+
+def test_scalar_gate_scores_are_whole_chunk_matmuls_on_tpu():
+    """chunk_simple_gla's kernels build the scores as C × K @ K × C matmuls (a [C, C] result);
+    chunk_gla's only from 16-row tiles ([16, 16] and narrower)."""
+    C = 64
+    simple, gla = _kernel_dot_shapes("g_gamma_chunk", C), _kernel_dot_shapes("chunk_gla", C)
+    assert (C, C) in simple and (16, 16) not in simple
+    assert (16, 16) in gla and all(s[0] <= 16 or s[0] == 128 for s in gla), gla
