@@ -112,3 +112,46 @@ def test_chapter1_plots_draw_the_model_counts():
     axes = plots.plot_attention_maps({"a": torch.eye(3), "b": -torch.eye(3)})
     assert [a.get_title() for a in axes] == ["a", "b"]
     plt.close("all")
+
+
+# ---------------------------------------------------------------- TPU forward model (chapter 5)
+
+def test_mxu_utilisation_is_rows_over_the_array_side():
+    from gla_ref.bench.models import mxu_utilisation
+
+    assert mxu_utilisation(16, 128) == 16 / 128 and mxu_utilisation(16, 256) == 16 / 256
+    assert mxu_utilisation(64, 128) == 0.5 and mxu_utilisation(512, 256) == 1.0
+    with pytest.raises(ValueError, match="rows must be a positive int"):
+        mxu_utilisation(0, 128)
+
+
+def test_tpu_model_at_full_mxu_use_is_the_roofline():
+    """With every matmul at least as wide as the MXU (C = K = V = 128 on a v5e), the model's times are
+    the plain roofline of chunk_simple_gla_cost (float32 states); 16-row tiles are slower to compute."""
+    from gla_ref.bench import models as m
+
+    peaks = m.TPU_DATASHEET_PEAKS["TPU v5e"]
+    assert peaks["fp32_TFLOPs"] == peaks["bf16_TFLOPs"] / m.TPU_FP32_PASSES
+    shape = (2, 1024, 4, 128, 128)
+    whole = m.tpu_forward_model("chunk_simple_gla", *shape, "TPU v5e", C=128, tile_rows=128)
+    plain = m.roofline(m.chunk_simple_gla_cost(*shape, C=128, state_bytes=4), peaks)
+    assert whole["mxu_fraction"] == 1.0
+    assert whole["compute_ms"] == pytest.approx(plain["compute_ms"], rel=1e-12)
+    assert whole["memory_ms"] == pytest.approx(plain["memory_ms"], rel=1e-12)
+    tiles = m.tpu_forward_model("chunk_simple_gla", *shape, "TPU v5e", C=128, tile_rows=16)
+    assert tiles["compute_ms"] > 2 * whole["compute_ms"] and tiles["memory_ms"] == whole["memory_ms"]
+    # the fused path moves no state: fewer bytes than the non-fused one, the same FLOPs
+    fused, chunk = (m.tpu_forward_model(n, *shape, "TPU v6e") for n in ("fused_chunk_gla", "chunk_gla"))
+    assert fused["memory_ms"] < chunk["memory_ms"] and fused["compute_ms"] == chunk["compute_ms"]
+    assert fused["mxu_fraction"] < m.tpu_forward_model("fused_chunk_gla", *shape, "TPU v5e")["mxu_fraction"]
+
+
+@pytest.mark.parametrize("kwargs, match", [({"device": "TPU v4"}, "device must be one of"),
+                                           ({"name": "sdpa"}, "name must be one of"),
+                                           ({"tile_rows": 48}, "must divide C")])
+def test_tpu_model_rejects_bad_arguments(kwargs, match):
+    from gla_ref.bench.models import tpu_forward_model
+
+    args = {"name": "chunk_gla", "B": 1, "T": 64, "H": 1, "K": 64, "V": 64, "device": "TPU v5e", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        tpu_forward_model(**args)

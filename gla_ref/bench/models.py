@@ -277,3 +277,81 @@ def roofline(cost: dict, peaks: dict, ms=None) -> dict:
             raise ValueError(f"ms must be a positive time, got {ms!r}")
         out.update(TFLOPs=flops / ms / 1e9, GBps=cost["bytes"] / ms / 1e6, fraction=out["bound_ms"] / ms)
     return out
+
+
+# TPU forward model (chapter 5). No TPU was available to this project: these are predictions from the
+# cost models above, not measurements.
+
+TPU_DATASHEET_PEAKS = {
+    # Per chip, from Google Cloud's TPU v5e and v6e (Trillium) documentation: dense bf16 peak, HBM
+    # bandwidth and the side of the MXU (systolic matrix unit) array. fp32_TFLOPs is not on those pages:
+    # it is a model assumption, the bf16 peak / TPU_FP32_PASSES (a float32 matmul at HIGHEST precision is
+    # done as six bf16 passes on the MXU).
+    "TPU v5e": {"bf16_TFLOPs": 197.0, "hbm_GBps": 819.0, "mxu": 128},
+    "TPU v6e": {"bf16_TFLOPs": 918.0, "hbm_GBps": 1640.0, "mxu": 256},
+}
+TPU_FP32_PASSES = 6
+for _peaks in TPU_DATASHEET_PEAKS.values():
+    _peaks["fp32_TFLOPs"] = _peaks["bf16_TFLOPs"] / TPU_FP32_PASSES
+del _peaks
+
+
+def mxu_utilisation(rows: int, mxu: int) -> float:
+    """Model assumption: a matmul whose smallest side is ``rows`` uses ``min(1, rows / mxu)`` of an
+    ``mxu × mxu`` systolic array (a 16-row tile fills 16/128 of a v5e MXU, 16/256 of a v6e one)."""
+    _positive_ints(rows=rows, mxu=mxu)
+    return min(1.0, rows / mxu)
+
+
+def tpu_forward_model(name, B, T, H, K, V, device, C=64, tile_rows=16, act_bytes=2) -> dict:
+    """Predicted forward time of a Pallas kernel on a TPU: the roofline of the cost models above with
+    each matmul's FLOPs slowed by its :func:`mxu_utilisation`.
+
+    ``name``: ``"chunk_gla"`` (non-fused, two-level tiles of ``tile_rows``; bytes of
+    :func:`chunk_gla_stage_costs` as the Pallas kernels move them: float32 states, no A in HBM),
+    ``"fused_chunk_gla"`` (the same chunk math, no state leaving the chip: bytes of
+    :func:`fused_chunk_gla_cost`) or ``"chunk_simple_gla"`` (scalar gate, ``mode="chunk"``: every
+    intra-chunk FLOP a matmul; bytes of :func:`chunk_simple_gla_cost` with float32 states); FLOPs
+    of :func:`two_level_flop_split` for all three; ``tile_rows = C`` is the whole-chunk tile the Mosaic launcher uses
+    for a scalar gate, 16 the two-level one. ``device`` is a key of :data:`TPU_DATASHEET_PEAKS`.
+    The chunk-state and inter-chunk matmuls have ``min(C, K, V)`` as smallest side, the intra-chunk
+    ones ``tile_rows``; GLA's diagonal tiles run in float32 at the modelled fp32 rate.
+
+    Returns ``{"compute_ms", "memory_ms", "bound_ms", "limit", "ideal_compute_ms", "mxu_fraction"}``:
+    ``ideal_compute_ms`` with every matmul at full MXU use, ``mxu_fraction`` = ideal / penalised
+    matmul time."""
+    if device not in TPU_DATASHEET_PEAKS:
+        raise ValueError(f"device must be one of {sorted(TPU_DATASHEET_PEAKS)}, got {device!r}")
+    models = ("chunk_gla", "fused_chunk_gla", "chunk_simple_gla")
+    if name not in models:
+        raise ValueError(f"name must be one of {models}, got {name!r}")
+    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, tile_rows=tile_rows, act_bytes=act_bytes)
+    if C % tile_rows:
+        raise ValueError(f"tile_rows={tile_rows} must divide C={C}")
+    peaks = TPU_DATASHEET_PEAKS[device]
+    split = {key: B * H * n for key, n in two_level_flop_split(T, C, tile_rows, K, V).items()
+             if key != "half_fraction"}
+    if name == "chunk_gla":  # Pallas: float32 states; A rebuilt on chip by the output kernel, which reads k
+        stages = chunk_gla_stage_costs(B, T, H, K, V, C, tile_rows, act_bytes, state_bytes=4)
+        A, xk = B * T * H * C * act_bytes, B * T * H * K
+        nbytes = (stages["cumsum"]["bytes"] + stages["state"]["bytes"] + stages["output"]["bytes"]
+                  - A + xk * act_bytes)
+    elif name == "fused_chunk_gla":
+        nbytes = fused_chunk_gla_cost(B, T, H, K, V, C, act_bytes)["bytes"]
+    else:  # mode="chunk" (float32 states); mode="auto" without states runs the fused kernel
+        nbytes = chunk_simple_gla_cost(B, T, H, K, V, C, act_bytes, state_bytes=4)["bytes"]
+    big, small = min(C, K, V), tile_rows
+    matmuls = [(split["state"], big), (split["inter_chunk"], big), (split["inter_sub_chunk"], small),
+               (split["pv"], small)]
+    fp32 = split["intra_sub_chunk"]
+    if name == "chunk_simple_gla":  # the diagonal tiles are matmuls too: (Q Kᵀ) ⊙ D
+        matmuls.append((fp32, small))
+        fp32 = 0
+    mxu = peaks["mxu"]
+    ideal_mm = sum(f for f, _ in matmuls) / peaks["bf16_TFLOPs"] / 1e9
+    penalised_mm = sum(f / mxu_utilisation(m, mxu) for f, m in matmuls) / peaks["bf16_TFLOPs"] / 1e9
+    fp32_ms = fp32 / peaks["fp32_TFLOPs"] / 1e9
+    compute_ms, memory_ms = penalised_mm + fp32_ms, nbytes / peaks["hbm_GBps"] / 1e6
+    return {"compute_ms": compute_ms, "memory_ms": memory_ms, "bound_ms": max(compute_ms, memory_ms),
+            "limit": "compute" if compute_ms >= memory_ms else "memory",
+            "ideal_compute_ms": ideal_mm + fp32_ms, "mxu_fraction": ideal_mm / penalised_mm}
