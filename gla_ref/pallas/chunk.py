@@ -10,9 +10,11 @@ Forward (paper §3.3 "with materialisation", Alg. 3):
 
 Backward (Alg. 4 and the reading notes' seven steps): the states are recomputed by the state
 kernel, a reverse state kernel writes the gradient of the state leaving each chunk, and a
-parallel kernel gives ``dq, dk, dv``. The gate gradient is the paper's closed form (§4.3):
-``d log b_t = q_t ⊙ dq_t − k_t ⊙ dk_t``, summed from t to the end, plus ``Σ_v S_T ⊙ dS_T``
-when the final state has a gradient (it depends on every gate).
+parallel kernel gives ``dq, dk, dv`` and the gate gradient. That is the paper's closed form (§4.3),
+``d log b_t = q_t ⊙ dq_t − k_t ⊙ dk_t``, summed from t to the end of t's chunk only, plus the
+gradient of the chunk's total decay ``Σ_v S_out ⊙ dS_out`` (:func:`chunk_math.chunk_gate_grad`):
+summed to the end of the sequence, as the fused path still does (:func:`_gate_grad`, plus
+``Σ_v S_T ⊙ dS_T``), every later token's bf16 rounding adds up.
 
 Only the kernels sit inside the ``jax.custom_vjp``; transposes, padding and casts around them
 are plain JAX, so autodiff carries the gradients through them (and sums a per-head ``g_gamma``'s
