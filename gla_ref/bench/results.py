@@ -62,6 +62,9 @@ SCRIPTS = {
     "head_sizes_accuracy": "triton_accuracy.py --shapes heads",
     "paper_chunk_size_sweep": "bench_chunk_size.py --B 32 --H 4 --K 128 --V 256 --T 2048 "
                               "--out benchmarks/results/paper_chunk_size_sweep_<device>.json",
+    "first_call": "first_call.py",
+    "config_timings": "first_call.py --out benchmarks/results/config_timings_<device>.json",
+    "speed_vs_fla": "speed_vs_fla.py",
 }
 """The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
 
