@@ -50,8 +50,13 @@ def parse_shape(text: str) -> tuple[int, int]:
     return K, V
 
 
-def candidates(only_ours: bool):
-    """name -> (gate kind, run(q, k, v, g) -> o, whether its backward is timed)."""
+def candidates(only_ours: bool, only=None):
+    """name -> (gate kind, run(q, k, v, g) -> o); ``only``: the names to keep (default all)."""
+    runs = _all_candidates(only_ours)
+    return {name: run for name, run in runs.items() if not only or name in only}
+
+
+def _all_candidates(only_ours: bool):
     from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla
 
     runs = {
@@ -102,10 +107,13 @@ def autotune_entries() -> int:
 
 
 def measure(run, inputs, on_gpu, first: bool) -> dict:
-    """Times and peaks of one candidate at one T; a RuntimeError (FLA's refusal) becomes ``error``."""
+    """Times and peaks of one candidate at one T. Each part is tried on its own, so a backward that
+    refuses (FLA's ``chunk_simple_gla`` on Hopper) still leaves the forward's numbers; its error lands
+    in ``first_error``, ``fwd_error`` or ``fwd_bwd_error``."""
     import torch
 
     do = torch.randn_like(inputs[2])
+    sync = (lambda _: torch.cuda.synchronize()) if on_gpu else None
 
     def fwd():
         with torch.no_grad():
@@ -114,25 +122,28 @@ def measure(run, inputs, on_gpu, first: bool) -> dict:
     def fwd_bwd():
         run(*inputs).backward(do)
 
+    def timed(f, **kw):
+        if on_gpu:
+            return bench.time_cuda(f, **kw)
+        return {"median_ms": bench.time_wall(f, warmup=0, rep=1)["median_ms"]}
+
+    parts = {"fwd": lambda: {"fwd": timed(fwd), **({"fwd_peak_bytes": bench.peak_memory_cuda(fwd)} if on_gpu else {})},
+             "fwd_bwd": lambda: {"fwd_bwd": timed(fwd_bwd, **({"grad_to_none": inputs} if on_gpu else {})),
+                                 **({"fwd_bwd_peak_bytes": bench.peak_memory_cuda(fwd_bwd)} if on_gpu else {})}}
+    if first:
+        parts = {"first": lambda: {"first_fwd_bwd_s": bench.time_wall(fwd_bwd, warmup=0, rep=1, sync=sync)["first_ms"] / 1e3},
+                 **parts}
     out = {}
-    try:
-        if first:
-            sync = (lambda _: torch.cuda.synchronize()) if on_gpu else None
-            out["first_fwd_bwd_s"] = bench.time_wall(fwd_bwd, warmup=0, rep=1, sync=sync)["first_ms"] / 1e3
-        if not on_gpu:
-            return {**out, **{key: {"median_ms": bench.time_wall(f, warmup=0, rep=1)["median_ms"]}
-                              for key, f in (("fwd", fwd), ("fwd_bwd", fwd_bwd))}}
-        out["fwd"] = bench.time_cuda(fwd)
-        out["fwd_peak_bytes"] = bench.peak_memory_cuda(fwd)
-        out["fwd_bwd"] = bench.time_cuda(fwd_bwd, grad_to_none=inputs)
-        out["fwd_bwd_peak_bytes"] = bench.peak_memory_cuda(fwd_bwd)
-    except torch.OutOfMemoryError:
-        out["error"] = "out of memory"
-    except (RuntimeError, AssertionError, NotImplementedError) as err:
-        out["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:240]}"
-    finally:
-        for x in inputs:
-            x.grad = None
+    for key, part in parts.items():
+        try:
+            out.update(part())
+        except torch.OutOfMemoryError:
+            out[f"{key}_error"] = "out of memory"
+        except (RuntimeError, AssertionError, NotImplementedError) as err:
+            out[f"{key}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:240]}"
+        finally:
+            for x in inputs:
+                x.grad = None
     return out
 
 
@@ -171,7 +182,7 @@ def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype) -> tuple[list, 
             rows.append({"K": K, "V": V, "T": T, "name": name, **res})
             print(f"K={K} V={V} T={T:>6} {name:<22}",
                   {k: round(v["median_ms"], 3) if isinstance(v, dict) else v for k, v in res.items()
-                   if k in ("fwd", "fwd_bwd", "error", "first_fwd_bwd_s")}, flush=True)
+                   if k in ("fwd", "fwd_bwd", "first_fwd_bwd_s") or k.endswith("error")}, flush=True)
             if on_gpu:
                 torch.cuda.empty_cache()
     retunes = None if tuned_after_first is None else autotune_entries() - tuned_after_first
@@ -182,6 +193,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", type=parse_shape, nargs="+", help=f"KxV shapes (default {' '.join(SHAPES)})")
     parser.add_argument("--T", type=int, nargs="+", help=f"lengths (default {FULL['T']})")
+    parser.add_argument("--only", nargs="+", help="candidate names to run (default all)")
     parser.add_argument("--keep", type=pathlib.Path, help="start from the rows of this earlier result")
     parser.add_argument("--out", type=pathlib.Path, help="JSON path (default results/speed_vs_fla_<device>.json)")
     parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes on a CPU, a temporary file")
@@ -198,7 +210,7 @@ def main(argv=None):
     earlier = bench.load_results(args.keep) if args.keep else {"rows": [], "retunes": []}
     env = bench.environment()
     copy_gbs = bench.copy_bandwidth_cuda() if on_gpu else None
-    runs = candidates(only_ours=args.smoke)
+    runs = candidates(only_ours=args.smoke, only=args.only)
     rows, retunes, t0 = list(earlier["rows"]), list(earlier["retunes"]), time.perf_counter()
     dtype = getattr(torch, setting["dtype"])
     for K, V in shapes:

@@ -24,7 +24,7 @@ def test_smoke_rows_retunes_and_keep(tmp_path):
     result = bench.load_results(first)
     assert {r["name"] for r in result["rows"]} == set(script.OURS)
     assert {r["T"] for r in result["rows"]} == set(script.SMOKE["T"])
-    assert all(r["fwd_bwd"]["median_ms"] > 0 and "error" not in r for r in result["rows"])
+    assert all(r["fwd_bwd"]["median_ms"] > 0 and not any(k.endswith("error") for k in r) for r in result["rows"])
     assert all("first_fwd_bwd_s" in r for r in result["rows"] if r["T"] == script.SMOKE["T"][0])
     assert result["retunes"] == [{"K": 16, "V": 24, "retunes_after_first_T": 0}]  # 0 always here: see below
     assert "fla" in result["env"]
@@ -74,3 +74,24 @@ def test_autotune_entries_counts_each_tuned_key_once(monkeypatch):
     assert script.autotune_entries() == 5
     module.b.cache["new key"] = None
     assert script.autotune_entries() == 6
+
+
+def test_a_refused_backward_keeps_the_forward():
+    import torch
+
+    script = _script()
+
+    class Refuse(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("backward refused on this GPU\nsecond line")
+
+    inputs = [torch.ones(1, 3, 1, 2, requires_grad=True) for _ in range(4)]
+    out = script.measure(lambda q, k, v, g: Refuse.apply(v), inputs, on_gpu=False, first=True)
+    assert out["fwd"]["median_ms"] > 0
+    assert out["first_error"] == out["fwd_bwd_error"] == "RuntimeError: backward refused on this GPU"
+    assert "fwd_bwd" not in out and all(x.grad is None for x in inputs)
