@@ -152,13 +152,15 @@ def test_bfloat16_inputs(variant):
     check_variant(variant, dtype=jnp.bfloat16, T=33)
 
 
-@pytest.mark.parametrize("variant, launcher", [("chunk", "gpu"), ("simple_chunk", "tpu")])
+@pytest.mark.parametrize("variant, launcher", [("chunk", "gpu"), ("simple_chunk", "tpu"), ("fused", "tpu"),
+                                               ("simple_fused", "gpu")])
 def test_bfloat16_accuracy_at_a_realistic_length(variant, launcher):
     """bf16 within 5e-3 relative RMSE of the float64 recurrence for o, the final state and every
     gradient, dg included (FLA's bound; Triton's chunk_gla is ≈ 4e-3), at four chunks of 64 and slow
-    gates (log σ(x)/16). The gate gradient is summed chunk by chunk (chunk_math.chunk_gate_grad): the
-    sequence-wide reverse sum of q ⊙ dq − k ⊙ dk it replaced gave dg 8.4e-3 here (and 1.4e-2 on an H200
-    at longer T), the other tensors ≈ 4e-3 either way."""
+    gates (log σ(x)/16). The gate gradient is summed chunk by chunk (chunk_math.chunk_gate_grad; the
+    fused path from per-chunk rows, chunk._fused_gate_grad): the sequence-wide reverse sum of
+    q ⊙ dq − k ⊙ dk it replaced gave dg 8.4e-3 here (7.6e-3 for a scalar gate; 1.4e-2 on an H200 at
+    longer T), the other tensors ≈ 4e-3 either way."""
     interpret = True if launcher == "gpu" else _compat.tpu_interpret_params()
     with _on_cpu():
         errors = check_variant(variant, chunk_size=64, dtype=jnp.bfloat16, launcher=launcher, interpret=interpret,

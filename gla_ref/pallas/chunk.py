@@ -12,9 +12,10 @@ Backward (Alg. 4 and the reading notes' seven steps): the states are recomputed 
 kernel, a reverse state kernel writes the gradient of the state leaving each chunk, and a
 parallel kernel gives ``dq, dk, dv`` and the gate gradient. That is the paper's closed form (§4.3),
 ``d log b_t = q_t ⊙ dq_t − k_t ⊙ dk_t``, summed from t to the end of t's chunk only, plus the
-gradient of the chunk's total decay ``Σ_v S_out ⊙ dS_out`` (:func:`chunk_math.chunk_gate_grad`):
-summed to the end of the sequence, as the fused path still does (:func:`_gate_grad`, plus
-``Σ_v S_T ⊙ dS_T``), every later token's bf16 rounding adds up.
+gradient of the chunk's total decay ``Σ_v S_out ⊙ dS_out`` (:func:`chunk_math.chunk_gate_grad`;
+the fused path, which never holds a state and its gradient together, sums per-chunk terms for it,
+:func:`_fused_gate_grad`): summed to the end of the sequence instead, every later token's bf16
+rounding adds up.
 
 Only the kernels sit inside the ``jax.custom_vjp``; transposes, padding and casts around them
 are plain JAX, so autodiff carries the gradients through them (and sums a per-head ``g_gamma``'s
@@ -201,24 +202,31 @@ def _backward(plan: Plan, q, k, v, b, h0, do, dht):
     L, kw = plan.launcher, {"chunk": plan.chunk, "scale": plan.scale, "interpret": plan.interpret}
     want_dh0 = h0 is not None
     if plan.fused:
-        return (*L.fused_bwd(q, k, v, b, do, h0, dht, want_dh0=want_dh0, **kw), None)
+        dq, dk, dv, dh0, *rows = L.fused_bwd(q, k, v, b, do, h0, dht, want_dh0=want_dh0, **kw)
+        return dq, dk, dv, dh0, tuple(r.sum(2)[:, :, :, 0] for r in rows)  # a, c, e: [B, H, N, Kg]
     h, _ = L.state_fwd(k, v, b, h0, chunk=plan.chunk, want_final=False, interpret=plan.interpret)
     dso, dh0 = L.state_bwd(q, b, do, dht, want_dh0=want_dh0, **kw)
     dq, dk, dv, dg = L.chunk_bwd(q, k, v, b, do, h, dso, **kw)
     return dq, dk, dv, dh0, dg.sum(2)
 
 
-def _gate_grad(q, k, dq, dk, g, ht, dht, C):
-    """Closed form (paper §4.3): ``dg_t = Σ_{s ≥ t} (q_s ⊙ dq_s − k_s ⊙ dk_s) + Σ_v S_T ⊙ dS_T``."""
+def _fused_gate_grad(q, k, dq, dk, g, ht, dht, C, a, c, e):
+    """The fused path's gate gradient, chunk-local like :func:`chunk_math.chunk_gate_grad`:
+    ``dg_t = Σ_{s ≥ t in t's chunk} (q_s ⊙ dq_s − k_s ⊙ dk_s) + dγ`` with ``dγ = F_out + e``, where
+    ``F_out = Σ_v S ⊙ dS`` at the chunk's end is ``Σ_v S_T ⊙ dS_T`` plus the later chunks' ``a − c``
+    (:func:`chunk_math.state_in_term`, ``state_out_term``; ``a, c, e`` are ``[B, H, N, Kg]``)."""
     dlogb = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
     if g.shape[-1] == 1:  # a scalar gate scales every key column alike
         dlogb = dlogb.sum(-1, keepdims=True)
-    dg = _reverse_cumsum(dlogb, C)
+    B, H, T, Kg = dlogb.shape
+    N = T // C
+    later = jnp.triu(jnp.ones((N, N), jnp.float32), 1)  # chunk m gets the terms of chunks n > m
+    F = jnp.einsum("mn,bhnd->bhmd", later, a - c, precision=HIGHEST) + e
     if dht is not None:
         final = (ht * dht).sum(-2)  # states are [B, H, V, K]: sum over V
-        final = final.sum(-1, keepdims=True) if g.shape[-1] == 1 else final
-        dg = dg + final[:, :, None, :]
-    return dg
+        F = F + (final.sum(-1, keepdims=True) if Kg == 1 else final)[:, :, None, :]
+    within = _triangular_sum(dlogb, C, upper=True).reshape(B, H, N, C, Kg)
+    return (within + F[:, :, :, None, :]).reshape(B, H, T, Kg)
 
 
 def checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size, launcher,
@@ -248,8 +256,8 @@ def _kernels(plan: Plan):
         do = do.astype(q.dtype)
         dq, dk, dv, dh0, dg = _backward(plan, q, k, v, _local_cumsum(g, plan.chunk), h0, do, dht)
         dq, dk = dq.sum(2), dk.sum(2)  # partials of the value blocks
-        if dg is None:  # the fused path has no state next to its gradient: the sequence-wide form
-            dg = _gate_grad(q, k, dq, dk, g, ht, dht, plan.chunk)
+        if plan.fused:  # no state beside its gradient in one kernel: the chunk-local form from a, c
+            dg = _fused_gate_grad(q, k, dq, dk, g, ht, dht, plan.chunk, *dg)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dh0
 
     f.defvjp(f_fwd, f_bwd)

@@ -242,17 +242,50 @@ def chunk_gate_grad(q, k, dq, dk, b, dgamma):
     return out
 
 
-def chunk_dkv(q, k, v, b, do, dSt, A, scale, St=None):
+def _width(x, b):
+    """``x [1, K]`` summed to ``[1, 1]`` for a scalar gate (it scales every key column alike)."""
+    return jnp.sum(x, axis=1, keepdims=True) if b[0].shape[1] == 1 else x
+
+
+def state_in_term(q, b, do, St, scale):
+    """``Σ_v S_in ⊙ G`` (``[1, Kg]``) with ``G = scale Σ_I (Q_I ⊙ e^{b_I})ᵀ dO_I``, the chunk's own term of
+    :func:`state_grad_update`, for the fused backward's forward loop (it holds ``S_in``).
+
+    With ``c`` of :func:`state_out_term`, ``a − c = F_in − F_out`` where ``F = Σ_v S ⊙ dS`` at the chunk's
+    two boundaries (``S_out = e^{b_C} S_in + U``, ``dS_in = e^{b_C} dS_out + G``), so the sums of ``a − c``
+    over later chunks give each chunk's ``dγ = F_out`` of :func:`chunk_gate_grad` to float32 accuracy
+    without a state and its gradient ever meeting in one kernel."""
+    G = sum(scale * mm_tn(doI, _lowp(qI * jnp.exp(bI), doI)) for qI, bI, doI in zip(q, b, do))
+    return _width(jnp.sum(St * G, axis=0, keepdims=True), b)
+
+
+def state_out_term(k, v, b, dSt):
+    """``c = Σ_v dS_out ⊙ U`` (``[1, Kg]``) with ``U = Σ_J (K_J ⊙ e^{b_C − b_J})ᵀ V_J``, the chunk's own term
+    of :func:`state_update`, for the fused backward's reverse loop (it holds ``dS_out``).
+
+    The fused gate gradient takes ``dγ = F_out − c + κ``, ``κ`` the keys' share of :func:`chunk_dkv`
+    (``key_term=True``): ``F_out − c = e^{b_C} ⊙ Σ_v S_in ⊙ dS_out`` exactly, and ``κ``, which equals ``c``
+    but for rounding, is rounded as the chunk's ``k ⊙ dk`` terms are (``dS`` a bf16 operand), so the two
+    cancel as in the non-fused kernel."""
+    bC = chunk_end(b)
+    U = sum(mm_tn(vJ, _lowp(kJ * jnp.exp(bC - bJ), kJ)) for kJ, vJ, bJ in zip(k, v, b))
+    return _width(jnp.sum(dSt * U, axis=0, keepdims=True), b)
+
+
+def chunk_dkv(q, k, v, b, do, dSt, A, scale, St=None, key_term=False):
     """``dK, dV`` of one chunk (float32) given ``dS``, the gradient of the state leaving it (as ``dSᵀ``):
     ``dK_J = (V_J dSᵀ) ⊙ e^{b_C − b_J} + intra``, ``dV_J = (K_J ⊙ e^{b_C − b_J}) dS + Σ_{I ≥ J} A_IJᵀ dO_I``.
 
     Given ``St``, the state entering the chunk (as ``Sᵀ``), also returns ``dγ [1, Kg]``, the gradient
     of the chunk's total log-decay ``b_C`` where it enters explicitly: through ``e^{b_C} S`` and the
     keys' ``e^{b_C − b_J}``, ``dγ = e^{b_C} ⊙ Σ_v S ⊙ dS + Σ_J Σ_rows K_J ⊙ (V_J dSᵀ) ⊙ e^{b_C − b_J}``
-    (for :func:`chunk_gate_grad`)."""
+    (for :func:`chunk_gate_grad`). With ``key_term`` and no ``St``, returns the second sum alone, the
+    keys' share ``κ`` (the fused backward, which has no ``S``; see :func:`state_out_term`)."""
     bC = chunk_end(b)
     dk_out, dv_out = [], []
-    dgamma = None if St is None else jnp.exp(bC) * jnp.sum(St * dSt, axis=0, keepdims=True)
+    dgamma = jnp.zeros((1, k[0].shape[1]), F32) if key_term else None
+    if St is not None:
+        dgamma = jnp.exp(bC) * jnp.sum(St * dSt, axis=0, keepdims=True)
     for J in range(len(k)):
         decay = jnp.exp(bC - b[J])
         dk = mm(v[J], _lowp(dSt, v[J])) * decay

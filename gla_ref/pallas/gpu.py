@@ -260,44 +260,55 @@ def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
 
 def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=False):
     """All gradients with the states as loop carries: one kernel loops forwards for ``dq``
-    (re-building the state), a second loops backwards for ``dk, dv, dh0``."""
+    (re-building the state), a second loops backwards for ``dk, dv, dh0``. Each also writes one row
+    per chunk for the gate gradient, ``a``, ``c`` and ``e`` ``[B, H, NV, N, 1, Kg]`` (see the TPU launcher)."""
     d = dims_of(q, v, b, chunk)
     n_sub = d.C // cm.SUB
     part = _sds((d.B, d.H, d.NV, d.N * d.C, d.K))
+    rows = _sds((d.B, d.H, d.NV, d.N, 1, d.Kg))
+    row_spec = pl.BlockSpec((_SQ, _SQ, _SQ, d.N, 1, d.Kg), lambda b, h, iv: (b, h, iv, 0, 0, 0))
     seq_in = [_seq_spec(d, d.K), _seq_spec(d, d.K), _seq_value_spec(d), _seq_spec(d, d.Kg),
               _seq_value_spec(d)]
 
     def dq_kernel(q_ref, k_ref, v_ref, b_ref, do_ref, *refs):
-        (h0_ref,), (dq_ref,) = _split(refs, h0 is not None)
+        (h0_ref,), (dq_ref, a_ref) = _split(refs, h0 is not None)
 
         def step(n, S):
             t = _chunk_start(d, n)
             qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, t) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
             _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S, scale), t)
+            a_ref[n] = cm.state_in_term(qs, bs, dos, S, scale)
             return cm.state_update(ks, vs, bs, S)
 
         lax.fori_loop(0, d.N, step, _initial(h0_ref, d))
 
-    dq, _ = _state_call(dq_kernel, d, seq_in, [q, k, v, b, do], [_seq_partial_spec(d)], [part], h0,
-                        False, interpret=interpret, name="gla_fused_bwd_dq")
+    dq, a, _ = _state_call(dq_kernel, d, seq_in, [q, k, v, b, do], [_seq_partial_spec(d), row_spec],
+                           [part, rows], h0, False, interpret=interpret, name="gla_fused_bwd_dq")
 
     def dkv_kernel(q_ref, k_ref, v_ref, b_ref, do_ref, *refs):
         (dht_ref,), refs = _split(refs, dht is not None)
-        dk_ref, dv_ref, dh0_ref = refs[0], refs[1], (refs[2] if want_dh0 else None)
+        dk_ref, dv_ref, c_ref, e_ref = refs[:4]
+        dh0_ref = refs[4] if want_dh0 else None
 
         def step(s, dS):
-            t = _chunk_start(d, d.N - 1 - s)
+            n = d.N - 1 - s
+            t = _chunk_start(d, n)
             qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, t) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
-            dk, dv = cm.chunk_dkv(qs, ks, vs, bs, dos, dS, cm.intra_scores(qs, ks, bs, scale), scale)
+            dk, dv, kappa = cm.chunk_dkv(qs, ks, vs, bs, dos, dS, cm.intra_scores(qs, ks, bs, scale), scale,
+                                         key_term=True)
             _store(dk_ref, dk, t)
             _store(dv_ref, dv, t)
+            c = cm.state_out_term(ks, vs, bs, dS)
+            c_ref[n] = c
+            e_ref[n] = kappa - c
             return cm.state_grad_update(qs, bs, dos, dS, scale)
 
         dS = lax.fori_loop(0, d.N, step, _initial(dht_ref, d))
         if dh0_ref is not None:
             dh0_ref[...] = dS
 
-    dk, dv, dh0 = _state_call(dkv_kernel, d, seq_in, [q, k, v, b, do],
-                              [_seq_partial_spec(d), _seq_value_spec(d)], [part, _sds(v.shape)], dht,
-                              want_dh0, interpret=interpret, name="gla_fused_bwd_dkv")
-    return dq, dk, dv, dh0
+    dk, dv, c, e, dh0 = _state_call(dkv_kernel, d, seq_in, [q, k, v, b, do],
+                                    [_seq_partial_spec(d), _seq_value_spec(d), row_spec, row_spec],
+                                    [part, _sds(v.shape), rows, rows], dht, want_dh0, interpret=interpret,
+                                 name="gla_fused_bwd_dkv")
+    return dq, dk, dv, dh0, a, c, e

@@ -122,6 +122,12 @@ def _partial_spec(d: Dims, width=None, *, reverse=False):
                         lambda b, h, iv, n: (b, h, iv, d.N - 1 - n if reverse else n, 0))
 
 
+def _row_spec(d: Dims, *, reverse=False):
+    """One chunk's ``[1, Kg]`` row of a per-value-block ``[B, H, NV, N, 1, Kg]`` array."""
+    return pl.BlockSpec((_SQ, _SQ, _SQ, _SQ, 1, d.Kg),
+                        lambda b, h, iv, n: (b, h, iv, d.N - 1 - n if reverse else n, 0, 0))
+
+
 def _call(kernel, d: Dims, in_specs, out_specs, out_shape, *, sequential, scratch=(), interpret, name):
     params = _compat.tpu_compiler_params("parallel", "parallel", "parallel",
                                          "arbitrary" if sequential else "parallel")
@@ -276,16 +282,19 @@ def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
 
 def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=False):
     """All gradients with states kept on chip: one kernel runs the chunks forwards for ``dq``
-    (re-building the state), a second runs them backwards for ``dk, dv, dh0``."""
+    (re-building the state), a second runs them backwards for ``dk, dv, dh0``. Each also writes one
+    row per chunk for the gate gradient, ``a`` (:func:`chunk_math.state_in_term`), ``c``
+    (:func:`chunk_math.state_out_term`) and ``e = κ − c``, ``[B, H, NV, N, 1, Kg]`` float32."""
     d = dims_of(q, v, b, chunk)
     n_sub, last = d.n_sub, d.N - 1
     vspec, vspec_rev = _value_spec(d), _value_spec(d, reverse=True)
     part = _sds((d.B, d.H, d.V // d.BV, d.N * d.C, d.K))
+    rows = _sds((d.B, d.H, d.V // d.BV, d.N, 1, d.Kg))
 
     def dq_kernel(*refs):
         q_ref, k_ref, v_ref, b_ref, do_ref = refs[:5]
         h0_ref = refs[5] if h0 is not None else None
-        dq_ref, S = refs[5 + (h0 is not None):]
+        dq_ref, a_ref, S = refs[5 + (h0 is not None):]
 
         @pl.when(pl.program_id(3) == 0)
         def _():
@@ -293,16 +302,17 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
 
         qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, sub=d.sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
         _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S[...], scale), sub=d.sub)
+        a_ref[...] = cm.state_in_term(qs, bs, dos, S[...], scale)
         S[...] = cm.state_update(ks, vs, bs, S[...])
 
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), vspec, _chunk_spec(d, d.Kg), vspec]
-    dq, _ = _state_call(dq_kernel, d, in_specs, [q, k, v, b, do], [_partial_spec(d)], [part], h0, False,
-                        interpret=interpret, name="gla_fused_bwd_dq")
+    dq, a, _ = _state_call(dq_kernel, d, in_specs, [q, k, v, b, do], [_partial_spec(d), _row_spec(d)],
+                           [part, rows], h0, False, interpret=interpret, name="gla_fused_bwd_dq")
 
     def dkv_kernel(*refs):
         q_ref, k_ref, v_ref, b_ref, do_ref = refs[:5]
         dht_ref = refs[5] if dht is not None else None
-        dk_ref, dv_ref, *rest = refs[5 + (dht is not None):]
+        dk_ref, dv_ref, c_ref, e_ref, *rest = refs[5 + (dht is not None):]
         dh0_ref, dS = (rest[0], rest[1]) if want_dh0 else (None, rest[0])
         step = pl.program_id(3)
 
@@ -311,9 +321,13 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
             dS[...] = dht_ref[...] if dht_ref is not None else jnp.zeros(dS.shape, dS.dtype)
 
         qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, sub=d.sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
-        dk, dv = cm.chunk_dkv(qs, ks, vs, bs, dos, dS[...], cm.intra_scores(qs, ks, bs, scale), scale)
+        dk, dv, kappa = cm.chunk_dkv(qs, ks, vs, bs, dos, dS[...], cm.intra_scores(qs, ks, bs, scale), scale,
+                                     key_term=True)
         _store(dk_ref, dk, sub=d.sub)
         _store(dv_ref, dv, sub=d.sub)
+        c = cm.state_out_term(ks, vs, bs, dS[...])
+        c_ref[...] = c
+        e_ref[...] = kappa - c
         dS[...] = cm.state_grad_update(qs, bs, dos, dS[...], scale)
         if dh0_ref is not None:
             @pl.when(step == last)
@@ -322,7 +336,8 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
 
     in_specs = [_chunk_spec(d, d.K, reverse=True), _chunk_spec(d, d.K, reverse=True), vspec_rev,
                 _chunk_spec(d, d.Kg, reverse=True), vspec_rev]
-    dk, dv, dh0 = _state_call(dkv_kernel, d, in_specs, [q, k, v, b, do],
-                              [_partial_spec(d, reverse=True), vspec_rev], [part, _sds(v.shape)], dht,
+    dk, dv, c, e, dh0 = _state_call(dkv_kernel, d, in_specs, [q, k, v, b, do],
+                                    [_partial_spec(d, reverse=True), vspec_rev, _row_spec(d, reverse=True),
+                                     _row_spec(d, reverse=True)], [part, _sds(v.shape), rows, rows], dht,
                               want_dh0, interpret=interpret, name="gla_fused_bwd_dkv")
-    return dq, dk, dv, dh0
+    return dq, dk, dv, dh0, a, c, e
