@@ -157,17 +157,6 @@ def valid_gate(g):
     return invalid_gates_to_nan(g, jnp.where)
 
 
-def _reverse_cumsum(x, C):
-    """``Σ_{s ≥ t} x_s`` over the whole (padded) sequence: the sum to the end of t's chunk plus the
-    totals of all later chunks (an ``[N, N]`` triangle over the chunk totals)."""
-    B, H, T, D = x.shape
-    N = T // C
-    within = _triangular_sum(x, C, upper=True).reshape(B, H, N, C, D)
-    later = jnp.triu(jnp.ones((N, N), jnp.float32), 1)  # chunk m gets the totals of chunks n > m
-    after = jnp.einsum("mn,bhnd->bhmd", later, within[:, :, :, 0], precision=HIGHEST)
-    return (within + after[:, :, :, None]).reshape(B, H, T, D)
-
-
 def run(q, k, v, g, initial_state, plan: Plan):
     """Pad to kernel layout, call the kernels through the custom VJP, unpad.
 
