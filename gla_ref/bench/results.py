@@ -65,6 +65,7 @@ SCRIPTS = {
     "first_call": "first_call.py",
     "config_timings": "first_call.py --out benchmarks/results/config_timings_<device>.json",
     "speed_vs_fla": "speed_vs_fla.py",
+    "pallas_accuracy": "pallas_accuracy.py",
 }
 """The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
 
