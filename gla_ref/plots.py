@@ -422,3 +422,33 @@ def plot_roofline(points, peaks, ax=None, *, title=None):
     for label, (intensity, tflops) in points.items():
         ax.loglog([intensity], [tflops], "o", markersize=6, label=label)
     return _finish(ax, "arithmetic intensity (FLOP per HBM byte)", "TFLOP/s", title, grid="both", legend_size=6)
+
+
+def plot_ratio_curves(curves, ax=None, *, target=None, ylabel="ours / reference", title=None, legend=True):
+    """Time or memory ratios against T, one line per ``{label: (Ts, ratios)}`` (e.g. one per head shape),
+    on a base-2 length axis with a grey line at parity (1) and, if ``target`` is given, a dashed line at
+    that ratio labelled as the target. ``legend=False`` leaves the legend to the caller. Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if not curves:
+        raise ValueError("curves must hold at least one {label: (Ts, ratios)} entry")
+    for label, (Ts, ratios) in curves.items():
+        if len(Ts) != len(ratios) or not Ts:
+            raise ValueError(f"curves[{label!r}]: Ts and ratios must have one nonzero length, "
+                             f"got {len(Ts)} and {len(ratios)}")
+        if any(T <= 0 for T in Ts) or any(r <= 0 for r in ratios):
+            raise ValueError(f"curves[{label!r}]: Ts and ratios must be positive")
+    ax = ax if ax is not None else plt.subplots(figsize=(5, 3.4), dpi=90)[1]
+    for label, (Ts, ratios) in curves.items():
+        ax.plot(Ts, ratios, marker="o", markersize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.axhline(1.0, color="0.4", lw=0.8)
+    if target is not None:
+        ax.axhline(target, color="tab:red", lw=1, ls="--", label=f"target {target:g}")
+    Ts_all = sorted({T for Ts, _ in curves.values() for T in Ts})
+    ax.set_xticks(Ts_all, [f"{T // 1024}K" if T % 1024 == 0 else str(T) for T in Ts_all])
+    ax.minorticks_off()
+    _finish(ax, "sequence length T", ylabel, title, grid="major", legend_size=7)
+    if not legend:
+        ax.get_legend().remove()
+    return ax
