@@ -2,22 +2,16 @@
 float32), and the record of what an autotuner tuned, read from a stand-in with a real tuner's attributes."""
 
 import argparse
-import importlib.util
-import pathlib
 from types import SimpleNamespace
 
 import pytest
 
+from bench_scripts import load_script
+
 from gla_ref import bench
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
 def _script():
-    spec = importlib.util.spec_from_file_location("first_call", ROOT / "benchmarks" / "first_call.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("first_call")
 
 
 def test_first_call_smoke(tmp_path):

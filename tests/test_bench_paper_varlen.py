@@ -1,23 +1,17 @@
 """The paper-setup and varlen benchmark scripts end to end in their CPU smoke modes (Triton's
 interpreter, float32, tiny shapes): rows for every candidate, agreement checks that hold, the stamp."""
 
-import importlib.util
 import json
 import pathlib
 
-import pytest
 import torch
+
+from bench_scripts import load_script
 
 from gla_ref import bench
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
 def _script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 def test_paper_setups_smoke(tmp_path):

@@ -1,21 +1,15 @@
 """benchmarks/speed_vs_fla.py end to end in its CPU smoke mode (Triton's interpreter, float32, tiny shapes)."""
 
 import argparse
-import importlib.util
-import pathlib
 
 import pytest
 
+from bench_scripts import load_script
+
 from gla_ref import bench
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
 def _script():
-    spec = importlib.util.spec_from_file_location("speed_vs_fla", ROOT / "benchmarks" / "speed_vs_fla.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("speed_vs_fla")
 
 
 def test_smoke_rows_retunes_and_keep(tmp_path):

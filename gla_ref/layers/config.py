@@ -211,6 +211,23 @@ class ShortConvState(NamedTuple):
     v: object
 
 
+def split_state(name: str, state, use_short_conv: bool):
+    """``(recurrent state, (q, k, v) conv caches or None)`` of a state given to a layer's forward or
+    step (the torch and Flax layers share this rule). A layer with ``use_short_conv`` takes a
+    :class:`ShortConvState` or None; raises TypeError naming ``name`` otherwise."""
+    if not use_short_conv or state is None:
+        return state, None
+    if not isinstance(state, ShortConvState):
+        raise TypeError(f"{name} of a layer built with use_short_conv=True must be a ShortConvState "
+                        f"(recurrent, q, k, v) or None, got {type(state).__name__}")
+    return state.recurrent, (state.q, state.k, state.v)
+
+
+def join_state(S, conv, use_short_conv: bool):
+    """The state a layer returns: S alone, or with its conv caches as a :class:`ShortConvState`."""
+    return ShortConvState(S, *conv) if use_short_conv else S
+
+
 # ----------------------------------------------------------------------------- state dicts
 
 def from_fla_names(state_dict: Mapping) -> dict:

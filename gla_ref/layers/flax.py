@@ -272,15 +272,10 @@ class _TokenMixer(nnx.Module):
 
     def _split_state(self, name, state):
         """``(recurrent state, conv caches or None)`` of a state given to ``__call__``/``step``."""
-        if not self._uses_conv() or state is None:
-            return state, None
-        if not isinstance(state, ShortConvState):
-            raise TypeError(f"{name} of a layer built with use_short_conv=True must be a ShortConvState"
-                            f"(recurrent, q, k, v) or None, got {type(state).__name__}")
-        return state.recurrent, (state.q, state.k, state.v)
+        return config.split_state(name, state, self._uses_conv())
 
     def _join_state(self, S, conv):
-        return ShortConvState(S, *conv) if self._uses_conv() else S
+        return config.join_state(S, conv, self._uses_conv())
 
     @classmethod
     def from_state_dict(cls, state_dict, **kwargs):
