@@ -153,7 +153,7 @@ def test_triton_traffic_follows_the_docstrings():
                       "v": 8 * 200 * 72 * 2, "o": 8 * 200 * 72 * 2}
     # the state kernel writes one block of every chunk's state: N tiles of BK × BV, in the input dtype
     write = next(r for r in pk.traffic("chunk_state_fwd", s, program=(0, 0, 0)) if r["mode"] == "write")
-    assert write["program"] == math.ceil(200 / 64) * 32 * 32 * 2
+    assert write["program"] == math.ceil(200 / 64) * 32 * 72 * 2  # BK = 32, BV = 128 covers all V = 72
 
 
 # ----------------------------------------------------------------------------- Pallas
