@@ -211,6 +211,26 @@ class ShortConvState(NamedTuple):
     v: object
 
 
+class ShortConvStateRules:
+    """The state rules both frameworks' token mixers share (a plain mixin, no framework): whether the
+    layer has short convolutions, the identity ``_short_conv`` of a layer without them (GLA's layer
+    overrides it), and splitting or joining a state with :func:`split_state` / :func:`join_state`."""
+
+    def _uses_conv(self):
+        return getattr(self.sizes, "use_short_conv", False)
+
+    def _short_conv(self, q, k, v, conv, cu_seqlens):
+        """q, k, v after the short convolutions, and their caches (None without them)."""
+        return q, k, v, None
+
+    def _split_state(self, name, state):
+        """``(recurrent state, conv caches or None)`` of a state given to the layer."""
+        return split_state(name, state, self._uses_conv())
+
+    def _join_state(self, S, conv):
+        return join_state(S, conv, self._uses_conv())
+
+
 def split_state(name: str, state, use_short_conv: bool):
     """``(recurrent state, (q, k, v) conv caches or None)`` of a state given to a layer's forward or
     step (the torch and Flax layers share this rule). A layer with ``use_short_conv`` takes a

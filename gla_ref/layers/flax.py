@@ -221,7 +221,7 @@ class ShortConvolution(nnx.Module):
         return causal_conv1d(x, self.weight[...], cache, cu_seqlens)
 
 
-class _TokenMixer(nnx.Module):
+class _TokenMixer(config.ShortConvStateRules, nnx.Module):
     """``__call__`` (a chunkwise form), ``step`` (the recurrence) and ``from_state_dict``, shared by both
     layers; a subclass sets ``self.dims = (d, H, K, V)`` and defines ``_heads``, ``_mix``, ``_out``."""
 
@@ -262,20 +262,6 @@ class _TokenMixer(nnx.Module):
         o, S = recurrent_step(q[:, 0], k[:, 0], v[:, 0], _token_gate(g),
                               self._start_state(S, x_t.shape[0]), K ** -0.5)
         return self._out(x, o[:, None])[:, 0], self._join_state(S, conv)
-
-    def _uses_conv(self):
-        return getattr(self.sizes, "use_short_conv", False)
-
-    def _short_conv(self, q, k, v, conv, cu_seqlens):
-        """q, k, v after the short convolutions, and their caches (None without them)."""
-        return q, k, v, None
-
-    def _split_state(self, name, state):
-        """``(recurrent state, conv caches or None)`` of a state given to ``__call__``/``step``."""
-        return config.split_state(name, state, self._uses_conv())
-
-    def _join_state(self, S, conv):
-        return config.join_state(S, conv, self._uses_conv())
 
     @classmethod
     def from_state_dict(cls, state_dict, **kwargs):

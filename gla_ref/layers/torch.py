@@ -96,7 +96,7 @@ def _check_tensor(name, x, shape_doc, ndim, last, dtype):
         raise TypeError(f"{name} must have the layer's dtype {dtype}, got {x.dtype}")
 
 
-class _TokenMixer(nn.Module):
+class _TokenMixer(config.ShortConvStateRules, nn.Module):
     """``forward`` (a chunkwise form) and ``step`` (the recurrence), shared by both layers.
 
     A subclass sets ``self.dims = (d, H, K, V)`` and defines ``_heads(x) -> (q, k, v, g)`` (g in any
@@ -139,20 +139,6 @@ class _TokenMixer(nn.Module):
         o, S = recurrent_step(q[:, 0], k[:, 0], v[:, 0], _token_gate(g),
                               self._start_state(S, x_t.shape[0], x_t.device), K ** -0.5)
         return self._out(x, o[:, None])[:, 0], self._join_state(S, conv)
-
-    def _uses_conv(self):
-        return getattr(self.sizes, "use_short_conv", False)
-
-    def _short_conv(self, q, k, v, conv, cu_seqlens):
-        """q, k, v after the short convolutions, and their caches (None without them)."""
-        return q, k, v, None
-
-    def _split_state(self, name, state):
-        """``(recurrent state, conv caches or None)`` of a state given to ``forward``/``step``."""
-        return config.split_state(name, state, self._uses_conv())
-
-    def _join_state(self, S, conv):
-        return config.join_state(S, conv, self._uses_conv())
 
     def _dtype(self):
         return next(self.parameters()).dtype
