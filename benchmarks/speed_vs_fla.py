@@ -32,6 +32,10 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from first_call import autotuners  # noqa: E402
+
 from gla_ref import bench  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -90,20 +94,9 @@ def make_inputs(B, T, H, K, V, gate, dtype, dev, seed=0):
 
 
 def autotune_entries() -> int:
-    """How many (kernel, key) pairs our Triton kernels have tuned so far in this process."""
-    import triton
-
-    from gla_ref import triton as gla_triton
-
-    seen, total = set(), 0
-    for module in list(sys.modules.values()):
-        if not getattr(module, "__name__", "").startswith(gla_triton.__name__ + "."):
-            continue
-        for obj in vars(module).values():
-            if isinstance(obj, triton.runtime.Autotuner) and id(obj) not in seen:
-                seen.add(id(obj))
-                total += len(obj.cache)
-    return total
+    """How many (kernel, key) pairs our Triton kernels have tuned so far in this process (each
+    autotuner of :func:`first_call.autotuners` once)."""
+    return sum(len(tuner.cache) for tuner in autotuners().values())
 
 
 def measure(run, inputs, on_gpu, first: bool) -> dict:
