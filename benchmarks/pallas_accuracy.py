@@ -1,10 +1,11 @@
 """bf16 accuracy of the Pallas kernels on a GPU, compiled (not interpreted), against the float64 recurrence.
 
 ``python benchmarks/pallas_accuracy.py [--T 256 2048] [--out PATH]`` runs ``chunk_gla``, ``fused_chunk_gla`` and
-``chunk_simple_gla`` (both paths) on the GPU launcher with bf16 inputs (B=2, H=2, K=V=64, chunk 64, gates
+``chunk_simple_gla`` (both paths, with a scalar gate and with a constant ``g_gamma``) on the GPU launcher with bf16 inputs (B=2, H=2, K=V=64, chunk 64, gates
 logsigmoid(x)/16, initial and final state) and records the relative RMSE of o, the final state and every gradient.
 The numbers come from the test suite's own checker (``tests/test_pallas.py``: ``check_variant``, the float64
-recurrence and the float32 chunk form as references), so they are exactly what the tests hold to their bounds.
+recurrence and the float32 chunk form as references, both on the kernel's own bf16 inputs and cotangents), so
+they are exactly what the tests hold to their bounds.
 Writes ``benchmarks/results/pallas_accuracy_<device>.json`` stamped by ``bench.environment()``.
 """
 
@@ -20,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from gla_ref import bench  # noqa: E402
 
-VARIANTS = ("chunk", "fused", "simple_chunk", "simple_fused")
+VARIANTS = ("chunk", "fused", "simple_chunk", "simple_fused", "gamma_chunk", "gamma_fused")
 
 
 def main(argv=None):
@@ -43,7 +44,8 @@ def main(argv=None):
             rows.append({"variant": variant, "T": T, "rel_rmse": {k: float(e) for k, e in errors.items()}})
     about = ("gla_ref.pallas on the GPU launcher (Pallas Triton backend), compiled: bf16 inputs, B=2, H=2, K=V=64, "
              "chunk 64, gates logsigmoid(x)/16, initial and final state; relative RMSE of each tensor against the "
-             "float64 recurrence (the larger of that and the error against the float32 jax_ref chunk form)")
+             "float64 recurrence on the same bf16-rounded q, k, v and cotangents (the larger of that and the error "
+             "against the float32 jax_ref chunk form)")
     path = bench.write_result({"env": bench.environment(), "about": about, "rows": rows}, "pallas_accuracy",
                               ROOT / "benchmarks" / "results", args.out)
     print("wrote", path)

@@ -65,6 +65,16 @@ def as_jax(inputs, dtype=None):
     return _convert(inputs, dtype, state_dtype, lambda x, dt: jnp.asarray(x, dtype=dt))
 
 
+def rounded_inputs(inputs, dtype):
+    """The inputs as a kernel of ``dtype`` receives them, back in float64 NumPy: q, k, v rounded to
+    ``dtype``, gates and states to float32 (what :func:`as_jax` hands a kernel).
+
+    The inputs of a float64 reference that measures a kernel's own error. Against unrounded inputs
+    the error also holds the rounding of the inputs, which no kernel can undo, and which some
+    gradients amplify (chapter 5: the gradient of a constant decay ``g_gamma``)."""
+    return {name: None if x is None else np.asarray(x, np.float64) for name, x in as_jax(inputs, dtype).items()}
+
+
 def to_numpy(x) -> np.ndarray:
     """Any tensor (PyTorch, JAX, NumPy) as a float64 NumPy array."""
     if hasattr(x, "detach"):

@@ -19,7 +19,7 @@ import pytest
 
 from gla_ref import device, jax_ref
 from gla_ref.pallas import _compat, chunk_gla, chunk_simple_gla, fused_chunk_gla
-from gla_ref.testing import as_jax, random_inputs, rel_rmse
+from gla_ref.testing import as_jax, random_inputs, rel_rmse, rounded_inputs
 
 PLATFORM = device.jax_platform()
 # the CPU interpreter's programs are large and run once: skip XLA's slow optimisations
@@ -99,8 +99,12 @@ def _err_vs(ref, out, truth):
 def check_variant(variant, *, chunk_size=16, final=True, dtype=jnp.float32, scale=None,
                   launcher=None, interpret=None, tol=None, **shape):
     """Run one kernel variant, compare every output and gradient; returns the worst errors.
-    ``tol`` replaces the dtype's tolerance of :data:`TOL`."""
+    ``tol`` replaces the dtype's tolerance of :data:`TOL`. The references take the kernel's own
+    inputs and cotangents, rounded to ``dtype`` (as the Triton tests and FLA's do), so the errors
+    are the kernel's, not those of rounding its inputs (:func:`gla_ref.testing.rounded_inputs`)."""
     x, cot = make_inputs(variant, **shape)
+    x = rounded_inputs(x, dtype)
+    cot = {"o": np.asarray(jnp.asarray(cot["o"], dtype), np.float64), "final_state": cot["final_state"]}
     r64, r32 = reference(x, cot, final, scale)
     call = VARIANTS[variant][1]
     out = _vjp_all(lambda *a, **kw: call(*a, chunk_size=chunk_size, scale=scale, launcher=launcher,
@@ -108,8 +112,8 @@ def check_variant(variant, *, chunk_size=16, final=True, dtype=jnp.float32, scal
     errors, tol_all = {}, tol
     for name in NAMES:
         tol = TOL[jnp.dtype(dtype).name] if tol_all is None else tol_all
-        if name == "dg" and VARIANTS[variant][0] == "const":
-            tol *= 10  # one number per head: a sum over B·T positions of cancelling terms
+        if name == "dg" and VARIANTS[variant][0] == "const" and tol_all is None and dtype == jnp.float32:
+            tol *= 10  # one number per head, a sum over B·T positions of cancelling terms: 2.7e-5 in float32
         if r64[name] is None:
             assert out[name] is None, f"{name} should be None"
             continue
@@ -153,19 +157,20 @@ def test_bfloat16_inputs(variant):
 
 
 @pytest.mark.parametrize("variant, launcher", [("chunk", "gpu"), ("simple_chunk", "tpu"), ("fused", "tpu"),
-                                               ("simple_fused", "gpu")])
+                                               ("simple_fused", "gpu"), ("gamma_chunk", "gpu"),
+                                               ("gamma_fused", "tpu")])
 def test_bfloat16_accuracy_at_a_realistic_length(variant, launcher):
-    """bf16 within 5e-3 relative RMSE of the float64 recurrence for o, the final state and every
-    gradient, dg included (FLA's bound; Triton's chunk_gla is ≈ 4e-3), at four chunks of 64 and slow
-    gates (log σ(x)/16). The gate gradient is summed chunk by chunk (chunk_math.chunk_gate_grad; the
-    fused path from per-chunk rows, chunk._fused_gate_grad): the sequence-wide reverse sum of
-    q ⊙ dq − k ⊙ dk it replaced gave dg 8.4e-3 here (7.6e-3 for a scalar gate; 1.4e-2 on an H200 at
-    longer T), the other tensors ≈ 4e-3 either way."""
+    """bf16 within 5e-3 relative RMSE of the float64 recurrence (on the same bf16 inputs) for o, the
+    final state and every gradient, dg and g_gamma's included (FLA's bound; Triton's chunk_gla is
+    ≈ 4e-3), at four chunks of 64 and slow gates (log σ(x)/16). The gate gradient is summed chunk by
+    chunk (chunk_math.chunk_gate_grad; the fused path from per-chunk rows, chunk._fused_gate_grad):
+    the sequence-wide reverse sum of q ⊙ dq − k ⊙ dk it replaced gave dg 8.4e-3 here against
+    unrounded inputs (7.6e-3 for a scalar gate; 1.4e-2 on an H200 at longer T)."""
     interpret = True if launcher == "gpu" else _compat.tpu_interpret_params()
     with _on_cpu():
         errors = check_variant(variant, chunk_size=64, dtype=jnp.bfloat16, launcher=launcher, interpret=interpret,
                                tol=5e-3, B=2, T=256, H=2, K=64, V=64, tau=16.0)
-    assert errors["dg"] > 1e-3  # bf16 inputs: the check measures real rounding, not a vacuous zero
+    assert errors["o"] > 1e-3 and errors["dg"] > 1e-4  # bf16 math: real rounding is measured, not a vacuous zero
 
 
 # ---------------------------------------------------------------- the other launcher, interpreted
