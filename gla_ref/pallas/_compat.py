@@ -119,3 +119,59 @@ def abstract_gpu(device_kind: str = "NVIDIA H100"):
     gpu = AbstractDevice(device_kind=device_kind, num_cores=None, platform="gpu")
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=gpu)):
         yield
+
+
+# ---------------------------------------------------------------- Mosaic GPU (Hopper)
+
+def mosaic_gpu():
+    """``jax.experimental.pallas.mosaic_gpu`` (imported on first use)."""
+    from jax.experimental.pallas import mosaic_gpu as mgpu
+
+    return mgpu
+
+
+def gpu_interpret_params(*, detect_races: bool = True):
+    """Parameters of the Mosaic GPU interpreter (SMEM, TMA copies, barriers and ``wgmma`` simulated
+    on the CPU): ``plgpu.InterpretGPUParams`` from JAX 0.11, the private class before. Uninitialised
+    memory is NaN, out-of-bounds reads raise, and the race detector is on where this JAX has one.
+    Returns None when this JAX has no Mosaic GPU interpreter."""
+    cls = getattr(mosaic_gpu(), "InterpretGPUParams", None)
+    if cls is None:
+        try:
+            from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as cls
+        except ImportError:
+            return None
+    wanted = {"detect_races": detect_races, "uninitialized_memory": "nan", "out_of_bounds_reads": "raise"}
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in wanted.items() if k in known})
+
+
+def reset_gpu_interpreter() -> None:
+    """Forget the Mosaic GPU interpreter's state; JAX needs this after an exception inside it."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import reset_gpu_interpret_mode_state
+    except ImportError:
+        return
+    reset_gpu_interpret_mode_state()
+
+
+def gpu_interpreter_reads_transposed_refs() -> bool:
+    """Whether the Mosaic GPU interpreter reads a ``plgpu.transpose_ref`` view (JAX 0.11+: its
+    ``to_access``); JAX 0.10's reads only index transforms, so a launcher gives it a transposed copy."""
+    try:
+        from jax._src.pallas.mosaic.interpret import utils
+    except ImportError:
+        return False
+    return hasattr(utils, "to_access")
+
+
+def mosaic_gpu_runs_here() -> bool:
+    """True on a Hopper GPU (compute capability 9.0) with a JAX that has Pallas' Mosaic GPU backend."""
+    try:
+        dev = jax.devices()[0]
+        mosaic_gpu()
+    except (RuntimeError, ImportError):
+        return False
+    return dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9.")

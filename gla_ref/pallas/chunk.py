@@ -36,19 +36,19 @@ from gla_ref._validate import MAX_K, MAX_V  # noqa: F401 (the limits every kerne
 from gla_ref._validate import check_chunk_sizes, check_flag, check_gate_values, check_inputs, check_scale, dtype_name
 from gla_ref._validate import check_head_dims as _check_head_dims
 from gla_ref._validate import invalid_gates_to_nan
-from gla_ref.pallas import chunk_math, gpu, tpu
+from gla_ref.pallas import _compat, chunk_math, gpu, mosaic_gpu, tpu
 
 __all__ = ["chunk_gla"]
 
 KERNEL_DTYPES = ("float32", "bfloat16")
-LAUNCHERS = {"tpu": tpu, "gpu": gpu}
+LAUNCHERS = {"tpu": tpu, "gpu": gpu, "mosaic_gpu": mosaic_gpu}
 HIGHEST = Precision.HIGHEST
 
 
 class Plan(NamedTuple):
     """Static choices of one call: which launcher, interpreted or not, and the algorithm."""
-    launcher: Any  # the module gla_ref.pallas.tpu or gla_ref.pallas.gpu
-    interpret: Any  # False, True or a pltpu.InterpretParams
+    launcher: Any  # the module gla_ref.pallas.tpu, .gpu or .mosaic_gpu
+    interpret: Any  # False, True, a pltpu.InterpretParams or a Mosaic GPU interpreter's params
     chunk: int
     scale: float
     fused: bool
@@ -105,15 +105,16 @@ def check_values(**arrays):
 
 
 def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final) -> Plan:
-    """Pick the launcher (``None``: Mosaic on a TPU, Triton elsewhere) and whether to interpret
-    (``None``: interpret unless the launcher's own hardware is present)."""
+    """Pick the launcher (``None``: Mosaic on a TPU, Triton elsewhere; ``"mosaic_gpu"`` only when asked
+    for, until it has run on a GPU) and whether to interpret (``None``: interpret unless the launcher's
+    own hardware is present: for ``"mosaic_gpu"`` a Hopper GPU and a JAX with Mosaic GPU)."""
     platform = device.jax_platform()
     if launcher is None:
         launcher = "tpu" if platform == "tpu" else "gpu"
     if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be None, 'tpu' or 'gpu', got {launcher!r}")
+        raise ValueError(f"launcher must be None, 'tpu', 'gpu' or 'mosaic_gpu', got {launcher!r}")
     if interpret is None:
-        interpret = platform != launcher
+        interpret = not _compat.mosaic_gpu_runs_here() if launcher == "mosaic_gpu" else platform != launcher
     scale = float(K ** -0.5 if scale is None else scale)
     return Plan(LAUNCHERS[launcher], interpret, chunk, scale, fused, want_final)
 
@@ -163,6 +164,9 @@ def run(q, k, v, g, initial_state, plan: Plan):
     ``g`` is the ``[B, T, H, Kg]`` log-gate, ``Kg`` = K (GLA) or 1 (scalar gate).
     """
     T, K, V = q.shape[1], q.shape[3], v.shape[3]
+    check = getattr(plan.launcher, "check_call", None)  # what a launcher cannot do yet, before any kernel
+    if check is not None:
+        check(q, g, plan.chunk)
     K_pad, V_pad = plan.launcher.padded_dims(K, V)
     T_pad = -(-T // plan.chunk) * plan.chunk
     qp, kp = (_to_kernel_layout(x, T_pad, K_pad) for x in (q, k))
@@ -268,9 +272,12 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
         initial_state: optional ``[B, H, K, V]`` float32 state.
         output_final_state: also return the final ``[B, H, K, V]`` float32 state.
         chunk_size: a power of two ≥ 16 (sub-chunks are 16 tokens).
-        launcher: ``"tpu"`` (Mosaic) or ``"gpu"`` (Triton); default from ``gla_ref.device``.
+        launcher: ``"tpu"`` (Mosaic), ``"gpu"`` (Triton backend) or ``"mosaic_gpu"`` (Hopper, bfloat16:
+            Mosaic GPU state kernels, not yet chosen by default; :mod:`gla_ref.pallas.mosaic_gpu`);
+            default from ``gla_ref.device``.
         interpret: run in Pallas' interpreter (True, or a ``pltpu.InterpretParams`` for the TPU
-            launcher); default: only when the launcher's hardware is absent.
+            launcher, a Mosaic GPU ``InterpretGPUParams`` for ``"mosaic_gpu"``); default: only when
+            the launcher's hardware is absent.
 
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state or None.
