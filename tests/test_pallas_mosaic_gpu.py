@@ -160,3 +160,22 @@ def test_lowers_for_cuda(B, T, H, K, V, chunk):
     assert _mosaic_calls(forward) == 1 and "gla_state_fwd_mgpu" in forward
     assert _mosaic_calls(both) == 3 and "gla_state_bwd_mgpu" in both
     assert "__gpu$xla.gpu.triton" in both  # the output and gradient kernels, on the Triton backend
+
+
+def test_benchmark_script_smoke(tmp_path):
+    """benchmarks/pallas_mosaic_gpu_check.py --smoke: the next session's H200 script runs its CPU path
+    (interpreter accuracy, both launchers, bf16 and float32) and writes a stamped result."""
+    import json
+
+    from bench_scripts import load_script
+
+    out = tmp_path / "mgpu.json"
+    load_script("pallas_mosaic_gpu_check").main(["--smoke", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["env"]["device"] and result["rows"] == []
+    rows = {(r["launcher"], r["dtype"]): r for r in result["accuracy"]}
+    assert set(rows) == {("mosaic_gpu", "bfloat16"), ("mosaic_gpu", "float32"), ("gpu", "bfloat16"), ("gpu", "float32")}
+    assert "bfloat16" in rows["mosaic_gpu", "float32"]["refused"]
+    mosaic, triton = rows["mosaic_gpu", "bfloat16"]["rel_rmse"], rows["gpu", "bfloat16"]["rel_rmse"]
+    assert set(mosaic) == {"o", "final_state", "dq", "dk", "dv", "dg", "dh0"}
+    assert all(1e-4 < mosaic[n] <= 5e-3 and abs(mosaic[n] - triton[n]) <= 1e-3 * triton[n] for n in mosaic)
