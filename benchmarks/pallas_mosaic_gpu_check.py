@@ -138,8 +138,8 @@ def main(argv=None):
         timing = []
     else:
         accuracy, timing = accuracy_rows(args.accuracy_T, smoke=False), timing_rows(args.T)
-    about = ("gla_ref.pallas.chunk_gla on the Mosaic GPU launcher (state kernels on Mosaic GPU, per-chunk kernels "
-             "on the Triton backend) and the Triton-backend launcher; accuracy: relative RMSE against the float64 "
+    about = ("gla_ref.pallas.chunk_gla on the Mosaic GPU launcher (its four non-fused kernels on Mosaic GPU) and "
+             "on the Triton-backend launcher; accuracy: relative RMSE against the float64 "
              f"recurrence on the same bf16-rounded inputs, {ACCURACY}, chunk 64; timing: {TIMING}, compile_ms "
              "apart (XLA ahead-of-time compile; for Triton its first call)")
     result = {"env": bench.environment(), "about": about, "accuracy": accuracy, "rows": timing}

@@ -1,27 +1,38 @@
-"""Pallas launchers on Mosaic GPU (Hopper, sm_90): the state recurrences as warpgroup kernels.
+"""Pallas launchers on Mosaic GPU (Hopper, sm_90): the non-fused chunk_gla kernels as warpgroup kernels.
 
 Status (read this first). Checked in the Mosaic GPU interpreter on a CPU and lowered for CUDA
-(``jax.export`` with ``platforms=["cuda"]``); **not yet run on a GPU**, so it is not chosen
-automatically: ``chunk_gla(..., launcher="mosaic_gpu")`` asks for it. Of the four kernels of the
-non-fused path, the two that walk the sequence are Mosaic GPU kernels here:
+(``jax.export`` / ``lower(lowering_platforms=("cuda",))``); **not yet run on a GPU**, so it is not
+chosen automatically: ``chunk_gla(..., launcher="mosaic_gpu")`` asks for it. All four kernels of the
+non-fused path are Mosaic GPU kernels, with the layout and the chunk math of the other launchers:
 
-* :func:`state_fwd` (the states entering each chunk, ``h``, and the final state), and
-* :func:`state_bwd` (the gradient of the state leaving each chunk, ``dso``, and ``dh0``);
+* :func:`state_fwd` (the states entering each chunk, ``h``, and the final state) and
+  :func:`state_bwd` (the gradient of the state leaving each chunk, ``dso``, and ``dh0``): one
+  sequential kernel, :func:`_state_kernel`, run forwards or backwards;
+* :func:`chunk_fwd_o` (the output) and :func:`chunk_bwd` (``dq, dk, dv`` and the chunk-local gate
+  gradient), one program per chunk: :func:`_output_kernel`, :func:`_grad_kernel`.
 
-the two kernels that are parallel over chunks, :func:`chunk_fwd_o` and :func:`chunk_bwd`, still run
-on the Triton backend (:mod:`gla_ref.pallas.gpu`, same layout, same chunk math). Their diagonal
-16 × 16 tiles hold a per-channel decay inside a matmul, which the shared chunk math computes one
-key column at a time from rows picked out of registers; Mosaic GPU reads a row of a swizzled SMEM
-tile only at a static index, so that step needs its own formulation before it can move here.
 The fused path (:func:`fused_fwd`, :func:`fused_bwd`) is not written for Mosaic GPU yet and raises.
+Nothing here is tuned: no warp specialisation, one warpgroup per program, the per-chunk kernels'
+diagonal tiles and gate-gradient sums are loops over the 64 tokens of a chunk in registers.
+
+Why the chunk math is not called directly: :mod:`gla_ref.pallas.chunk_math` builds a chunk from
+16-row sub-chunk values and ``dot_general``; on Mosaic GPU every matmul is a ``wgmma`` on SMEM tiles
+with at least 64 rows, and a register array has a fixed layout. So each kernel here writes the same
+formulas over the whole chunk (:class:`_Chunk`): the off-diagonal 16 × 16 tiles come from one masked
+``wgmma`` per reference row ``r_I`` (the masks select exactly the tiles ``J < I`` that
+:func:`chunk_math.intra_scores` builds one by one), the diagonal tiles are float32 loops over keys,
+and every exponent is ≤ 0, masked with ``where`` before ``exp``. The results agree with the
+Triton-backend launcher's to float32 rounding (tests/test_pallas_mosaic_gpu.py).
 
 What a program is. Mosaic GPU runs one *warpgroup* (4 warps, 128 threads) per program; arrays in
 a kernel are distributed over the warpgroup's registers in a layout (``WGMMA``: the accumulator
 layout of the tensor-core instruction), and every matmul is a ``wgmma``: operands in shared memory
 (SMEM, swizzled so the tensor cores read them without bank conflicts), accumulator in registers.
 
-Grid and ownership. The state kernel runs on the grid ``(B, H, NV)``, one program per batch,
-head and block of ``BV = 64`` value columns (the M of a ``wgmma`` is 64 rows per warpgroup). The
+Grid and ownership. The per-chunk kernels run on ``(B, H, NV, N)``: a program loads its chunk's
+tiles by TMA, computes, and writes its outputs back through SMEM. The state kernel runs on the grid
+``(B, H, NV)``, one program per batch, head and block of ``BV = 64`` value columns (the M of a
+``wgmma`` is 64 rows per warpgroup). The
 program owns the transposed state ``Sᵀ [BV, K]`` in float32 registers for the whole sequence and
 walks the chunks in order (backwards for :func:`state_bwd`). Per chunk of ``C`` tokens:
 
@@ -37,9 +48,10 @@ Pipelining: the tiles of chunk ``n + 1`` are copied by TMA into the second half 
 buffer while chunk ``n`` computes (step 1 of the next chunk waits on that copy), so the loop is
 bound by the tensor cores and ``exp`` rather than by HBM latency.
 
-HBM traffic per program: ``x``, ``b`` once (``C·K`` each per chunk, ``b`` in float32) and the value
-block of ``y``, plus the states written out (``BV·K`` float32 per chunk): the same bytes as the
-Triton-backend kernel, since both read each tile once.
+HBM traffic of the state kernel per program: ``x``, ``b`` once (``C·K`` each per chunk, ``b`` in
+float32) and the value block of ``y``, plus the states written out (``BV·K`` float32 per chunk); the
+per-chunk kernels read their chunk's tiles and its state(s) once. The same bytes as the
+Triton-backend kernels, since both read each tile once.
 
 Dtypes: bfloat16 only. A ``wgmma`` reads float32 operands as tf32 (10-bit mantissa, less than the
 float32 path of the other launchers promises), and tf32 ``wgmma`` only takes K-major operands, so
@@ -47,10 +59,9 @@ the transposed ``yᵀ`` view above is not available to it; float32 inputs raise 
 names this launcher. Accumulation and states are float32.
 
 Sizes: ``K`` and ``V`` are padded to powers of two of at least 64 (a 128-byte swizzled row of
-bfloat16, and the ``wgmma`` M of a warpgroup); ``C · K_pad ≤ 8192`` (chunk 64 with K up to 128)
-keeps the double-buffered tiles within a Hopper SMEM, and ``C ≥ 64`` (a register tile of a warpgroup
-has a multiple of 64 rows): chunk 64 is the one size that fits every K up to 128; the scalar-gate family (``Kg = 1``) is not
-supported here yet.
+bfloat16, and the ``wgmma`` M of a warpgroup); chunks are 64 tokens (a register tile of a warpgroup
+has a multiple of 64 rows) and ``K ≤ 128``, which keep every kernel's tiles within a Hopper block's
+227 KiB of SMEM (the lowering checks it). The scalar-gate family (``Kg = 1``) is not supported here yet.
 """
 
 from __future__ import annotations
@@ -69,10 +80,11 @@ BLOCK_V = 64
 """Value columns per program: the M of one warpgroup's ``wgmma``."""
 MIN_DIM = 64
 """``K`` and ``V`` are padded to at least this: a 128-byte swizzled bfloat16 row."""
-MIN_CHUNK = 64
-"""Smallest chunk: a ``[C, K]`` register array in the ``WGMMA`` layout has a multiple of 64 rows."""
-MAX_TILE = 64 * 128
-"""Largest ``C · K_pad``: the double-buffered ``[C, K]`` tiles and the ``[BV, K]`` state fit in SMEM."""
+CHUNK = 64
+"""The one chunk size: a register tile of a warpgroup has a multiple of 64 rows, and at 128 the
+gradient kernel's ``[C, C]`` tiles no longer fit beside the others in 227 KiB of SMEM."""
+MAX_K = 128
+"""Largest padded ``K``: the gradient kernel's tiles fill about 221 KiB of SMEM at ``K = 128``."""
 NAME = "mosaic_gpu"
 
 
@@ -108,12 +120,12 @@ def check_supported(dtype, K_pad: int, scalar_gate: bool, chunk: int) -> None:
     if scalar_gate:
         raise ValueError(f"launcher='{NAME}' has no scalar-gate (g [B, T, H] or g_gamma) kernels yet; "
                          "use launcher='gpu'")
-    if chunk < MIN_CHUNK:
-        raise ValueError(f"launcher='{NAME}' needs chunk_size >= {MIN_CHUNK} (a [C, K] tile in registers is a "
-                         f"multiple of a warpgroup's 64 rows), got chunk_size={chunk}")
-    if chunk * K_pad > MAX_TILE:
-        raise ValueError(f"launcher='{NAME}' needs chunk_size * K_pad <= {MAX_TILE} (SMEM), got chunk_size="
-                         f"{chunk} and K_pad={K_pad}; use launcher='gpu' for K > {MAX_TILE // MIN_CHUNK}")
+    if chunk != CHUNK:
+        raise ValueError(f"launcher='{NAME}' takes chunk_size={CHUNK} only (a register tile of a warpgroup has a "
+                         f"multiple of 64 rows; larger chunks overflow SMEM), got chunk_size={chunk}")
+    if K_pad > MAX_K:
+        raise ValueError(f"launcher='{NAME}' takes K <= {MAX_K} (its tiles fill SMEM), got K padded to {K_pad}; "
+                         "use launcher='gpu'")
 
 
 def check_call(q, g, chunk: int) -> None:
@@ -166,6 +178,35 @@ class _Ops:
 
     def cast(self, x, layout):
         return x if self.interpret else self.mgpu.layout_cast(x, layout)
+
+    def matmul(self, a_ref, b_ref, shape):
+        """``a_ref @ b_ref`` (SMEM tiles) as one wgmma, float32 ``shape``."""
+        mgpu = self.mgpu
+
+        def run(acc):
+            mgpu.wgmma(acc, a_ref, b_ref)
+            return acc[...]
+
+        return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
+
+    def matmul_nt(self, a_ref, b_ref, shape):
+        """``a_ref @ b_refᵀ`` (SMEM tiles ``[M, K]`` and ``[N, K]``) as one wgmma, float32 ``[M, N]``."""
+        mgpu = self.mgpu
+
+        def run(acc, b_t=None):
+            if b_t is None:
+                b_t = mgpu.transpose_ref(b_ref, (1, 0))
+            else:
+                b_t[...] = b_ref[...].T
+                mgpu.commit_smem()
+            mgpu.wgmma(acc, a_ref, b_t)
+            return acc[...]
+
+        if self.copy_transposed:
+            b_t_type = mgpu.SMEM(b_ref.shape[::-1], b_ref.dtype)
+            return pl.run_scoped(lambda b_t: pl.run_scoped(lambda acc: run(acc, b_t), mgpu.ACC(shape, jnp.float32)),
+                                 b_t_type)
+        return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
 
     def matmul_tn(self, a_ref, b_ref, shape):
         """``a_refᵀ @ b_ref`` (SMEM tiles ``[C, M]`` and ``[C, N]``) as one wgmma, float32 ``[M, N]``."""
@@ -288,6 +329,257 @@ def _state_call(x, y, b, s0, *, chunk, reverse, scale, want_final, interpret, na
     return outs[0], (outs[1] if want_final else None)
 
 
+class _Chunk:
+    """Register-level helpers of the per-chunk kernels: one chunk ``[C, K]`` in the ``WGMMA`` layout."""
+
+    def __init__(self, ops, C, K, dtype):
+        self.ops, self.C, self.K, self.dtype = ops, C, K, dtype
+        W = ops.mgpu.Layout.WGMMA
+        self.row = ops.cast(lax.broadcasted_iota(jnp.int32, (C, K), 0), W)  # token of each element
+        self.srow = ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), 0), W)  # query of a score
+        self.scol = ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), 1), W)  # key of a score
+
+    def rows(self, x):
+        """A ``[K]`` row broadcast to every token, ``[C, K]``."""
+        return lax.broadcast_in_dim(x, (self.C, self.K), [1])
+
+    def pick(self, x, j):
+        """Row ``j`` of ``x [C, K]`` as ``[K]``, by a one-hot sum (exact)."""
+        return jnp.sum(jnp.where(self.row == j, x, 0.0), axis=0)
+
+    def masks(self, I):
+        """Tokens of sub-chunk I, and tokens before it."""
+        return (self.row >= 16 * I) & (self.row < 16 * I + 16), self.row < 16 * I
+
+    def same_tile(self, j):
+        """Tokens ``i ≥ j`` in key ``j``'s sub-chunk (the rows of its diagonal tile)."""
+        return (self.row >= j) & (self.row < (j // 16) * 16 + 16)
+
+    def ref_operands(self, I, q, k, b, r):
+        """``Q_I ⊙ e^{b − r_I}`` (rows of sub-chunk I, else 0) and ``K ⊙ e^{r_I − b}`` (tokens before it,
+        else 0), float32: the operands of the off-diagonal tiles ``A_IJ, J < I``; exponents ≤ 0."""
+        mine, before = self.masks(I)
+        return (jnp.where(mine, q * jnp.exp(jnp.where(mine, b - r, 0.0)), 0.0),
+                jnp.where(before, k * jnp.exp(jnp.where(before, r - b, 0.0)), 0.0))
+
+    def scores(self, q, k, b, r_s, x_s, y_s):
+        """The chunk's causal scores without the scale, float32 ``[C, C]``: off-diagonal tiles by one
+        masked wgmma per reference row, diagonal tiles one key column at a time."""
+        ops, mgpu, C, K = self.ops, self.ops.mgpu, self.C, self.K
+        A = ops.cast(jnp.zeros((C, C), jnp.float32), mgpu.Layout.WGMMA)
+        for I in range(1, C // 16):
+            xq, xk = self.ref_operands(I, q, k, b, self.rows(ops.load(r_s.at[I - 1], mgpu.Layout.WGMMA.reduce(0))))
+            x_s[...] = xq.astype(self.dtype)
+            y_s[...] = xk.astype(self.dtype)
+            mgpu.commit_smem()
+            A = A + ops.matmul_nt(x_s, y_s, (C, C))
+
+        def column(j, A):
+            same = self.same_tile(j)
+            e = jnp.exp(jnp.where(same, b - self.rows(self.pick(b, j)), 0.0))
+            a = jnp.sum(jnp.where(same, q * self.rows(self.pick(k, j)) * e, 0.0), axis=1)
+            return A + jnp.where(self.scol == j, lax.broadcast_in_dim(a, (C, C), [0]), 0.0)  # a is 0 off j's tile
+
+        return lax.fori_loop(0, C, column, A)
+
+
+def _output_kernel(d: Dims, dtype, *, scale, interpret):
+    """One chunk's output ``O = scale (Q ⊙ e^{b}) S + A V`` (one program per chunk and value block).
+
+    ``A``, the chunk's causal scores, is assembled in float32 registers: the off-diagonal 16-row tiles
+    by one ``wgmma`` per reference row ``r_I`` (``I = 1 … C/16 − 1``) of the masked operands
+    ``Q_I ⊙ e^{b − r_I}`` (rows of sub-chunk I only) and ``K ⊙ e^{r_I − b}`` (keys before row 16 I):
+    each product fills exactly the tiles ``A_IJ, J < I``, as :func:`chunk_math.intra_scores` builds
+    them one by one; the diagonal tiles ``Σ_d q_id k_jd e^{b_id − b_jd}`` one key column at a time in
+    float32, the key's row picked out of the registers by a one-hot sum (as the shared chunk math
+    does; every exponent ≤ 0, masked with ``where`` before ``exp``)."""
+    ops = _Ops(interpret)
+    mgpu = ops.mgpu
+    W = mgpu.Layout.WGMMA
+    C, K, BV = d.C, d.K, d.BV
+    n_sub = C // 16
+    f32 = jnp.float32
+
+    def kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref, q_s, k_s, v_s, b_s, r_s, h_s, x_s, y_s, hb_s, a_s, o_s,
+               ready):
+        ib, ih, iv, n = (lax.axis_index(a) for a in ("b", "h", "v", "n"))
+        rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
+        mgpu.copy_gmem_to_smem(q_ref.at[ib, ih, rows], q_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(k_ref.at[ib, ih, rows], k_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(v_ref.at[ib, ih, rows, cols], v_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, rows], b_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(h_ref.at[ib, ih, n, cols], h_s, ready.at[0])
+        for I in range(1, n_sub):
+            mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C + 16 * I], r_s.at[I - 1], ready.at[0])
+        mgpu.barrier_wait(ready.at[0])
+
+        q = ops.load(q_s, W).astype(f32)
+        k = ops.load(k_s, W).astype(f32)
+        b = ops.load(b_s, W)
+        tile = _Chunk(ops, C, K, dtype)
+
+        # inter-chunk: (Q ⊙ e^b) S, S held transposed [BV, K]: a transposed view is the [K, BV] operand
+        x_s[...] = (q * jnp.exp(b)).astype(dtype)
+        hb_s[...] = ops.load(h_s, W).astype(dtype)
+        mgpu.commit_smem()
+        inter = ops.matmul_nt(x_s, hb_s, (C, BV))
+        A = tile.scores(q, k, b, r_s, x_s, y_s)
+        a_s[...] = (scale * A).astype(dtype)
+        mgpu.commit_smem()
+        intra = ops.matmul(a_s, v_s, (C, BV))
+        o_s[...] = (scale * inter + intra).astype(o_s.dtype)
+        mgpu.commit_smem()
+        mgpu.copy_smem_to_gmem(o_s, o_ref.at[ib, ih, rows, cols])
+        mgpu.wait_smem_to_gmem(0)
+
+    sw = _transforms
+    scratch = [
+        mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),
+        mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),
+        mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),
+        mgpu.SMEM((C, K), f32, transforms=sw(f32, K)),
+        mgpu.SMEM((max(1, n_sub - 1), K), f32),
+        mgpu.SMEM((BV, K), f32, transforms=sw(f32, K)),
+        mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),
+        mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),
+        mgpu.SMEM((BV, K), dtype, transforms=sw(dtype, K)),
+        mgpu.SMEM((C, C), dtype, transforms=sw(dtype, C)),
+        mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),
+        mgpu.Barrier(num_arrivals=5 + n_sub - 1, num_barriers=1),
+    ]
+    return kernel, scratch
+
+
+def _grad_kernel(d: Dims, dtype, *, scale, interpret):
+    """One chunk's ``dq, dk, dv`` and chunk-local gate gradient from the state entering it (``h``) and the
+    gradient of the state leaving it (``dso``): :func:`chunk_math.chunk_dq`, :func:`chunk_math.chunk_dkv`
+    and :func:`chunk_math.chunk_gate_grad` in full-chunk form.
+
+    The inter-chunk terms are one wgmma each; the off-diagonal tiles use the masked operands of
+    :meth:`_Chunk.ref_operands` with ``dA = dO Vᵀ`` masked to the tiles ``(I, J < I)``; the diagonal tiles
+    are float32, one key column (``dq``) or key row (``dk``) at a time. The reverse sum of the gate
+    gradient inside the chunk is float32 too, one token at a time: a tensor-core sum would read it as tf32.
+    The float32 states live in scoped SMEM buffers that later hold the float32 results on their way out.
+    The kernel fills about 221 KiB of SMEM at ``K = 128`` (the lowering checks the 227 KiB a block has)."""
+    ops = _Ops(interpret)
+    mgpu = ops.mgpu
+    W = mgpu.Layout.WGMMA
+    C, K, BV = d.C, d.K, d.BV
+    n_sub = C // 16
+    f32 = jnp.float32
+
+    def kernel(q_ref, k_ref, v_ref, b_ref, do_ref, h_ref, dso_ref, dq_ref, dk_ref, dv_ref, dg_ref,
+               q_s, k_s, v_s, do_s, b_s, r_s, bc_s, hb_s, dsb_s, x_s, y_s, a_s, ready, state_ready):
+        ib, ih, iv, n = (lax.axis_index(a) for a in ("b", "h", "v", "n"))
+        rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
+        for src, dst in ((q_ref.at[ib, ih, rows], q_s), (k_ref.at[ib, ih, rows], k_s),
+                         (v_ref.at[ib, ih, rows, cols], v_s), (do_ref.at[ib, ih, rows, cols], do_s),
+                         (b_ref.at[ib, ih, rows], b_s), (b_ref.at[ib, ih, n * C + C - 1], bc_s)):
+            mgpu.copy_gmem_to_smem(src, dst, ready.at[0])
+        for I in range(1, n_sub):
+            mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C + 16 * I], r_s.at[I - 1], ready.at[0])
+
+        def states(h_s, dso_s):  # S and dS in float32; both leave as bf16 operands, and as Σ_v S ⊙ dS
+            mgpu.copy_gmem_to_smem(h_ref.at[ib, ih, n, cols], h_s, state_ready.at[0])
+            mgpu.copy_gmem_to_smem(dso_ref.at[ib, ih, n, cols], dso_s, state_ready.at[0])
+            mgpu.barrier_wait(state_ready.at[0])
+            St, dSt = ops.load(h_s, W), ops.load(dso_s, W)
+            hb_s[...] = St.astype(dtype)
+            dsb_s[...] = dSt.astype(dtype)
+            return jnp.sum(St * dSt, axis=0)
+
+        state_type = mgpu.SMEM((BV, K), f32, transforms=_transforms(f32, K))
+        SdS = pl.run_scoped(states, state_type, state_type)
+        mgpu.barrier_wait(ready.at[0])
+        q = ops.load(q_s, W).astype(f32)
+        k = ops.load(k_s, W).astype(f32)
+        b = ops.load(b_s, W)
+        bC = ops.load(bc_s, W.reduce(0))
+        tile = _Chunk(ops, C, K, dtype)
+        decay = jnp.exp(tile.rows(bC) - b)  # e^{b_C − b} ≤ 1
+        x_s[...] = (k * decay).astype(dtype)
+        mgpu.commit_smem()
+
+        # inter-chunk terms and the explicit gradient of the chunk's decay b_C
+        dq = scale * ops.matmul(do_s, hb_s, (C, K)) * jnp.exp(b)
+        dk = ops.matmul(v_s, dsb_s, (C, K)) * decay
+        dv = ops.matmul_nt(x_s, dsb_s, (C, BV))
+        dgamma = jnp.exp(bC) * SdS + jnp.sum(k * dk, axis=0)
+
+        # scores A (for dv) and dA = dO Vᵀ (for dq, dk), float32
+        A = tile.scores(q, k, b, r_s, x_s, y_s)
+        a_s[...] = (scale * A).astype(dtype)
+        mgpu.commit_smem()
+        dv = dv + ops.matmul_tn(a_s, do_s, (C, BV))
+        dA = ops.matmul_nt(do_s, v_s, (C, C))
+
+        # off-diagonal tiles: dA restricted to (rows of I, keys before I) against the masked operands
+        for I in range(1, n_sub):
+            r = tile.rows(ops.load(r_s.at[I - 1], W.reduce(0)))
+            mine, before = tile.masks(I)
+            xq, xk = tile.ref_operands(I, q, k, b, r)
+            tiles_I = (tile.srow >= 16 * I) & (tile.srow < 16 * I + 16) & (tile.scol < 16 * I)
+            a_s[...] = jnp.where(tiles_I, dA, 0.0).astype(dtype)  # A has been read: its buffer takes dA
+            x_s[...] = xk.astype(dtype)
+            y_s[...] = xq.astype(dtype)
+            mgpu.commit_smem()
+            dq = dq + scale * ops.matmul(a_s, x_s, (C, K)) * jnp.exp(jnp.where(mine, b - r, 0.0))
+            dk = dk + scale * ops.matmul_tn(a_s, y_s, (C, K)) * jnp.exp(jnp.where(before, r - b, 0.0))
+
+        # diagonal tiles, key j at a time: dq_i += dA_ij k_j e^{b_i − b_j}, dk_j += Σ_i dA_ij q_i e^{b_i − b_j}
+        def key(j, carry):
+            dq, dk = carry
+            same = tile.same_tile(j)
+            e = jnp.exp(jnp.where(same, b - tile.rows(tile.pick(b, j)), 0.0))
+            dA_j = lax.broadcast_in_dim(jnp.sum(jnp.where(tile.scol == j, dA, 0.0), axis=1), (C, K), [0])
+            dq = dq + scale * jnp.where(same, dA_j * tile.rows(tile.pick(k, j)) * e, 0.0)
+            dk_j = jnp.sum(jnp.where(same, dA_j * q * e, 0.0), axis=0)
+            return dq, dk + scale * jnp.where(tile.row == j, tile.rows(dk_j), 0.0)
+
+        dq, dk = lax.fori_loop(0, C, key, (dq, dk))
+
+        # gate gradient: Σ_{s ≥ t in the chunk} (q ⊙ dq − k ⊙ dk)_s + dγ, one token t at a time
+        x = q * dq - k * dk
+
+        def token(t, dg):
+            return jnp.where(tile.row == t, tile.rows(jnp.sum(jnp.where(tile.row >= t, x, 0.0), axis=0)), dg)
+
+        dg = lax.fori_loop(0, C, token, ops.cast(jnp.zeros((C, K), f32), W)) + tile.rows(dgamma)
+
+        def write(out_s, dv_s):
+            for ref, value in ((dq_ref, dq), (dk_ref, dk), (dg_ref, dg)):
+                mgpu.wait_smem_to_gmem(0)
+                out_s[...] = value
+                mgpu.commit_smem()
+                mgpu.copy_smem_to_gmem(out_s, ref.at[ib, ih, iv, rows])
+            dv_s[...] = dv
+            mgpu.commit_smem()
+            mgpu.copy_smem_to_gmem(dv_s, dv_ref.at[ib, ih, rows, cols])
+            mgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(write, mgpu.SMEM((C, K), f32, transforms=_transforms(f32, K)),
+                      mgpu.SMEM((C, BV), f32, transforms=_transforms(f32, BV)))
+
+    sw = _transforms
+    scratch = [
+        mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),       # q
+        mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),       # k
+        mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # v
+        mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # do
+        mgpu.SMEM((C, K), f32, transforms=sw(f32, K)),           # b
+        mgpu.SMEM((max(1, n_sub - 1), K), f32),                  # reference rows r_I
+        mgpu.SMEM((K,), f32),                                    # b_C
+        mgpu.SMEM((BV, K), dtype, transforms=sw(dtype, K)),      # S (bf16 operand)
+        mgpu.SMEM((BV, K), dtype, transforms=sw(dtype, K)),      # dS (bf16 operand)
+        mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),       # work operand x
+        mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),       # work operand y
+        mgpu.SMEM((C, C), dtype, transforms=sw(dtype, C)),       # scores A, then dA of the tiles (I, J < I)
+        mgpu.Barrier(num_arrivals=6 + n_sub - 1, num_barriers=1),
+        mgpu.Barrier(num_arrivals=2, num_barriers=1),
+    ]
+    return kernel, scratch
+
+
 # ---------------------------------------------------------------- the launcher interface
 
 def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
@@ -302,18 +594,33 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
                        interpret=interpret, name="gla_state_bwd_mgpu")
 
 
-def _triton_interpret(interpret):
-    return bool(interpret)
-
-
 def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
-    """The output, one program per chunk: the Triton-backend kernel for now (see the module docstring)."""
-    return gpu.chunk_fwd_o(q, k, v, b, h, chunk=chunk, scale=scale, interpret=_triton_interpret(interpret))
+    """The output, one program per chunk and value block on the grid ``(B, H, NV, N)``, from the state
+    ``h`` entering the chunk (:func:`_output_kernel`)."""
+    check_supported(q.dtype, q.shape[-1], b.shape[-1] != q.shape[-1], chunk)
+    d = _dims(q, v, chunk)
+    mgpu = _compat.mosaic_gpu()
+    kernel, scratch = _output_kernel(d, q.dtype, scale=scale, interpret=interpret)
+    call = mgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(v.shape, q.dtype), scratch_types=scratch,
+                       grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
+                       compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
+                       kernel_name="gla_chunk_fwd_o_mgpu")
+    return call(q, k, v, b, h)
 
 
 def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
-    """``dq, dk, dv`` and the chunk-local gate gradient: the Triton-backend kernel for now."""
-    return gpu.chunk_bwd(q, k, v, b, do, h, dso, chunk=chunk, scale=scale, interpret=_triton_interpret(interpret))
+    """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32) and the gate
+    gradient's partials ``[B, H, NV, T, K]``, one program per chunk and value block (:func:`_grad_kernel`)."""
+    check_supported(q.dtype, q.shape[-1], b.shape[-1] != q.shape[-1], chunk)
+    d = _dims(q, v, chunk)
+    mgpu = _compat.mosaic_gpu()
+    kernel, scratch = _grad_kernel(d, q.dtype, scale=scale, interpret=interpret)
+    part = jax.ShapeDtypeStruct((d.B, d.H, d.NV, d.N * d.C, d.K), jnp.float32)
+    call = mgpu.kernel(kernel, out_type=[part, part, jax.ShapeDtypeStruct(v.shape, jnp.float32), part],
+                       scratch_types=scratch, grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
+                       compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
+                       kernel_name="gla_chunk_bwd_mgpu")
+    return tuple(call(q, k, v, b, do, h, dso))
 
 
 def _no_fused(*args, **kwargs):
