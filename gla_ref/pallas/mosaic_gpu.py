@@ -365,7 +365,7 @@ class _Chunk:
     def scores(self, q, k, b, r_s, x_s, y_s):
         """The chunk's causal scores without the scale, float32 ``[C, C]``: off-diagonal tiles by one
         masked wgmma per reference row, diagonal tiles one key column at a time."""
-        ops, mgpu, C, K = self.ops, self.ops.mgpu, self.C, self.K
+        ops, mgpu, C = self.ops, self.ops.mgpu, self.C
         A = ops.cast(jnp.zeros((C, C), jnp.float32), mgpu.Layout.WGMMA)
         for I in range(1, C // 16):
             xq, xk = self.ref_operands(I, q, k, b, self.rows(ops.load(r_s.at[I - 1], mgpu.Layout.WGMMA.reduce(0))))
