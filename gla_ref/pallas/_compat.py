@@ -11,7 +11,9 @@ settings, so a rename in a future JAX release is fixed here and nowhere else:
 * the TPU interpreter: ``pltpu.InterpretParams`` and its race detector, whose options grew
   over releases (only the ones this JAX knows are passed);
 * lowering Triton kernels on a machine without a GPU: from JAX 0.11 the Triton lowering asks
-  the device for its compute capability, so an abstract GPU must be named.
+  the device for its compute capability, so an abstract GPU must be named;
+* the Mosaic GPU interpreter: its parameters (public ``plgpu.InterpretGPUParams`` from JAX 0.11,
+  private before), its reset, and whether it reads transposed refs (JAX 0.11+).
 """
 
 from __future__ import annotations
