@@ -122,7 +122,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--T", type=int, nargs="+", default=[4096, 8192, 16384], help="timing lengths")
     parser.add_argument("--accuracy-T", type=int, nargs="+", default=[256, 2048])
-    parser.add_argument("--smoke", action="store_true", help="interpreter accuracy at T=100 only, no timing")
+    parser.add_argument("--smoke", action="store_true", help="interpreter accuracy at T=80 only, no timing")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args(argv)
     import jax
@@ -134,7 +134,7 @@ def main(argv=None):
                      "use --smoke on other machines")
     if args.smoke:
         with jax.default_device(jax.devices("cpu")[0]):
-            accuracy = accuracy_rows([100], smoke=True)
+            accuracy = accuracy_rows([80], smoke=True)
         timing = []
     else:
         accuracy, timing = accuracy_rows(args.accuracy_T, smoke=False), timing_rows(args.T)

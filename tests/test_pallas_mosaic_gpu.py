@@ -77,11 +77,11 @@ def test_kernels_match_the_triton_backend_kernels():
     """Each of the four Mosaic GPU kernels gives what the Triton-backend kernel gives on the same inputs
     (same layout, same formulas, exponents and bf16 roundings at the same places) to float32
     rounding: the interpreter's wgmma of bf16 tiles is exact products summed in float32, as on the
-    tensor cores. Two chunks, two value blocks, random states."""
+    tensor cores. Two chunks, random states (two value blocks: test_small_shapes_against_float64)."""
     from gla_ref.pallas import gpu
 
     rng = np.random.default_rng(3)
-    B, H, T, K, V, C = 1, 1, 128, 64, 128, 64
+    B, H, T, K, V, C = 1, 1, 128, 64, 64, 64
     q, k = (jnp.asarray(rng.standard_normal((B, H, T, K)), bf16) for _ in range(2))
     v, do = (jnp.asarray(rng.standard_normal((B, H, T, V)), bf16) for _ in range(2))
     g = -jnp.asarray(rng.uniform(0.01, 0.3, (B, H, T, K)), jnp.float32)
@@ -106,6 +106,22 @@ def test_kernels_match_the_triton_backend_kernels():
             out, ref = (np.asarray(x, np.float64) for x in (out, ref))
             err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
             assert err < tol, f"{name} output {i}: {err:.1e} from the Triton-backend kernel"
+
+
+def test_an_invalid_gate_makes_the_output_nan_from_its_chunk_on():
+    """The gate contract without debug: a positive log-gate at token 70 leaves chunk 0 finite and makes
+    o NaN from its chunk on, and the final state NaN where the Triton-backend launcher's is (its key column)."""
+    rng = np.random.default_rng(0)
+    q, k = (jnp.asarray(rng.standard_normal((1, 130, 1, 20)), bf16) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((1, 130, 1, 24)), bf16)
+    g = jnp.asarray(-rng.uniform(0.01, 0.2, (1, 130, 1, 20)), jnp.float32).at[0, 70, 0, 3].set(0.5)
+    with _interpreter() as params:
+        o, S = chunk_gla(q, k, v, g, output_final_state=True, launcher="mosaic_gpu", interpret=params)
+    o_ref, S_ref = chunk_gla(q, k, v, g, output_final_state=True, launcher="gpu", interpret=True)
+    o, o_ref = (np.asarray(x, np.float32) for x in (o, o_ref))
+    assert np.isfinite(o[0, :64]).all() and np.isnan(o[0, 64:]).all()
+    assert np.array_equal(np.isnan(o), np.isnan(o_ref))
+    assert np.isnan(np.asarray(S)).any() and np.array_equal(np.isnan(np.asarray(S)), np.isnan(np.asarray(S_ref)))
 
 
 # ---------------------------------------------------------------- what it does not do (yet)
