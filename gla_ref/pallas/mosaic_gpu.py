@@ -22,7 +22,8 @@ formulas over the whole chunk (:class:`_Chunk`): the off-diagonal 16 × 16 tiles
 ``wgmma`` per reference row ``r_I`` (the masks select exactly the tiles ``J < I`` that
 :func:`chunk_math.intra_scores` builds one by one), the diagonal tiles are float32 loops over keys,
 and every exponent is ≤ 0, masked with ``where`` before ``exp``. The results agree with the
-Triton-backend launcher's to float32 rounding (tests/test_pallas_mosaic_gpu.py).
+Triton-backend launcher's to float32 rounding, up to a last-bit flip where a bf16 operand is rounded
+from a float32 sum taken in another order (tests/test_pallas_mosaic_gpu.py).
 
 What a program is. Mosaic GPU runs one *warpgroup* (4 warps, 128 threads) per program; arrays in
 a kernel are distributed over the warpgroup's registers in a layout (``WGMMA``: the accumulator
@@ -93,7 +94,7 @@ def _pow2(x: int) -> int:
 
 
 def padded_dims(K: int, V: int) -> tuple[int, int]:
-    """``(K_pad, V_pad)``: powers of two, at least 64 (also what the Triton-backend kernels need)."""
+    """``(K_pad, V_pad)``: powers of two, at least 64."""
     return _pow2(K), _pow2(V)
 
 
