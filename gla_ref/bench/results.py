@@ -66,6 +66,7 @@ SCRIPTS = {
     "config_timings": "first_call.py --out benchmarks/results/config_timings_<device>.json",
     "speed_vs_fla": "speed_vs_fla.py",
     "pallas_accuracy": "pallas_accuracy.py",
+    "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
 }
 """The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
 
