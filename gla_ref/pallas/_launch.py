@@ -3,9 +3,28 @@ per-chunk kernel bodies (identical on both backends) and calls of kernels that c
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from jax.experimental import pallas as pl
 
 from gla_ref.pallas import chunk_math as cm
+
+
+class Dims(NamedTuple):
+    """The sizes a launcher's kernels see, in kernel layout (``K``, ``V`` padded by the launcher)."""
+    B: int
+    H: int
+    N: int  # chunks
+    C: int  # chunk size
+    K: int
+    V: int
+    BV: int  # value columns per program
+    Kg: int  # gate width: K (GLA) or 1 (scalar gate)
+
+    @property
+    def NV(self):
+        """Value blocks per head."""
+        return self.V // self.BV
 
 
 def sub_blocks(ref, n_sub, start=0, sub=cm.SUB):

@@ -13,7 +13,6 @@ Triton needs every tensor size to be a power of two: ``K`` and ``V`` are padded 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +21,7 @@ from jax.experimental import pallas as pl
 
 from gla_ref.pallas import _compat, _launch
 from gla_ref.pallas import chunk_math as cm
+from gla_ref.pallas._launch import Dims
 from gla_ref.pallas._launch import store as _store
 from gla_ref.pallas._launch import sub_blocks as _sub_blocks
 
@@ -42,20 +42,6 @@ def padded_dims(K: int, V: int) -> tuple[int, int]:
 def block_v(V_pad: int) -> int:
     return min(V_pad, BLOCK_V)
 
-
-class Dims(NamedTuple):
-    B: int
-    H: int
-    N: int
-    C: int
-    K: int
-    V: int
-    BV: int
-    Kg: int
-
-    @property
-    def NV(self):
-        return self.V // self.BV
 
 
 def dims_of(q, v, b, chunk):

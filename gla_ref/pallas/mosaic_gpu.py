@@ -68,7 +68,6 @@ has a multiple of 64 rows) and ``K ≤ 128``, which keep every kernel's tiles wi
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -76,6 +75,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from gla_ref.pallas import _compat, gpu
+from gla_ref.pallas._launch import Dims
 
 BLOCK_V = 64
 """Value columns per program: the M of one warpgroup's ``wgmma``."""
@@ -96,20 +96,6 @@ def _pow2(x: int) -> int:
 def padded_dims(K: int, V: int) -> tuple[int, int]:
     """``(K_pad, V_pad)``: powers of two, at least 64."""
     return _pow2(K), _pow2(V)
-
-
-class Dims(NamedTuple):
-    B: int
-    H: int
-    N: int
-    C: int
-    K: int
-    V: int
-    BV: int
-
-    @property
-    def NV(self):
-        return self.V // self.BV
 
 
 def check_supported(dtype, K_pad: int, scalar_gate: bool, chunk: int) -> None:
@@ -137,7 +123,7 @@ def check_call(q, g, chunk: int) -> None:
 def _dims(x, y, chunk):
     B, H, T, K = x.shape
     V = y.shape[-1]
-    return Dims(B, H, T // chunk, chunk, K, V, min(BLOCK_V, V))
+    return Dims(B, H, T // chunk, chunk, K, V, min(BLOCK_V, V), K)  # GLA's per-key gate only
 
 
 def _transforms(dtype, width):
@@ -190,43 +176,34 @@ class _Ops:
 
         return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
 
-    def matmul_nt(self, a_ref, b_ref, shape):
-        """``a_ref @ b_refᵀ`` (SMEM tiles ``[M, K]`` and ``[N, K]``) as one wgmma, float32 ``[M, N]``."""
+    def _matmul_transposed(self, x_ref, shape, operands):
+        """One wgmma (float32 ``shape``) with the SMEM tile ``x_ref`` transposed, ``operands(xᵀ)`` giving
+        its ``(a, b)``: ``xᵀ`` is a transposed view of the tile, or, where the interpreter has no such
+        view (``copy_transposed``), a transposed copy in SMEM."""
         mgpu = self.mgpu
 
-        def run(acc, b_t=None):
-            if b_t is None:
-                b_t = mgpu.transpose_ref(b_ref, (1, 0))
+        def run(acc, x_t=None):
+            if x_t is None:
+                x_t = mgpu.transpose_ref(x_ref, (1, 0))
             else:
-                b_t[...] = b_ref[...].T
+                x_t[...] = x_ref[...].T
                 mgpu.commit_smem()
-            mgpu.wgmma(acc, a_ref, b_t)
-            return acc[...]
-
-        if self.copy_transposed:
-            b_t_type = mgpu.SMEM(b_ref.shape[::-1], b_ref.dtype)
-            return pl.run_scoped(lambda b_t: pl.run_scoped(lambda acc: run(acc, b_t), mgpu.ACC(shape, jnp.float32)),
-                                 b_t_type)
-        return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
-
-    def matmul_tn(self, a_ref, b_ref, shape):
-        """``a_refᵀ @ b_ref`` (SMEM tiles ``[C, M]`` and ``[C, N]``) as one wgmma, float32 ``[M, N]``."""
-        mgpu = self.mgpu
-
-        def run(acc, a_t=None):
-            if a_t is None:
-                a_t = mgpu.transpose_ref(a_ref, (1, 0))
-            else:
-                a_t[...] = a_ref[...].T
-                mgpu.commit_smem()
-            mgpu.wgmma(acc, a_t, b_ref)
+            mgpu.wgmma(acc, *operands(x_t))
             return acc[...]
 
         if self.copy_transposed:  # an accumulator cannot share one scoped allocation with SMEM
-            a_t_type = mgpu.SMEM(shape[:1] + a_ref.shape[:1], a_ref.dtype)
-            return pl.run_scoped(lambda a_t: pl.run_scoped(lambda acc: run(acc, a_t), mgpu.ACC(shape, jnp.float32)),
-                                 a_t_type)
+            x_t_type = mgpu.SMEM(x_ref.shape[::-1], x_ref.dtype)
+            return pl.run_scoped(lambda x_t: pl.run_scoped(lambda acc: run(acc, x_t), mgpu.ACC(shape, jnp.float32)),
+                                 x_t_type)
         return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
+
+    def matmul_nt(self, a_ref, b_ref, shape):
+        """``a_ref @ b_refᵀ`` (SMEM tiles ``[M, K]`` and ``[N, K]``) as one wgmma, float32 ``[M, N]``."""
+        return self._matmul_transposed(b_ref, shape, lambda b_t: (a_ref, b_t))
+
+    def matmul_tn(self, a_ref, b_ref, shape):
+        """``a_refᵀ @ b_ref`` (SMEM tiles ``[C, M]`` and ``[C, N]``) as one wgmma, float32 ``[M, N]``."""
+        return self._matmul_transposed(a_ref, shape, lambda a_t: (a_t, b_ref))
 
 
 def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, interpret):

@@ -21,7 +21,6 @@ rows, which would fill 16/128 of a 128 × 128 MXU (16/256 on v6e). GLA's per-key
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,15 +46,9 @@ def block_v(V_pad: int) -> int:
     return min(V_pad, BLOCK_V)
 
 
-class Dims(NamedTuple):
-    B: int
-    H: int
-    N: int  # chunks
-    C: int  # chunk size
-    K: int  # padded
-    V: int  # padded
-    BV: int
-    Kg: int  # gate width: K (GLA) or 1 (scalar gate)
+class Dims(_launch.Dims):
+    """The shared sizes, with the TPU launcher's grid and intra-chunk tile rows."""
+    __slots__ = ()
 
     @property
     def grid(self):
