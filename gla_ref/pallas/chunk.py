@@ -166,7 +166,7 @@ def run(q, k, v, g, initial_state, plan: Plan):
     T, K, V = q.shape[1], q.shape[3], v.shape[3]
     check = getattr(plan.launcher, "check_call", None)  # what a launcher cannot do yet, before any kernel
     if check is not None:
-        check(q, g, plan.chunk)
+        check(q, g, plan.chunk, fused=plan.fused)
     K_pad, V_pad = plan.launcher.padded_dims(K, V)
     T_pad = -(-T // plan.chunk) * plan.chunk
     qp, kp = (_to_kernel_layout(x, T_pad, K_pad) for x in (q, k))

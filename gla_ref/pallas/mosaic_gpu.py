@@ -68,6 +68,7 @@ has a multiple of 64 rows) and ``K ≤ 128``, which keep every kernel's tiles wi
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -98,7 +99,7 @@ def padded_dims(K: int, V: int) -> tuple[int, int]:
     return _pow2(K), _pow2(V)
 
 
-def check_supported(dtype, K_pad: int, scalar_gate: bool, chunk: int) -> None:
+def check_supported(dtype, K_pad: int, scalar_gate: bool, chunk: int, fused: bool = False) -> None:
     """What this launcher cannot do yet raises here, before any kernel is traced."""
     if jnp.dtype(dtype) != jnp.bfloat16:
         raise TypeError(f"launcher='{NAME}' takes bfloat16 q, k, v, got {jnp.dtype(dtype).name}: its matmuls are "
@@ -113,11 +114,15 @@ def check_supported(dtype, K_pad: int, scalar_gate: bool, chunk: int) -> None:
     if K_pad > MAX_K:
         raise ValueError(f"launcher='{NAME}' takes K <= {MAX_K} (its tiles fill SMEM), got K padded to {K_pad}; "
                          "use launcher='gpu'")
+    if fused and K_pad > MAX_K_FUSED:
+        raise ValueError(f"launcher='{NAME}' runs the fused path for K <= {MAX_K_FUSED} (its double-buffered tiles "
+                         f"fill SMEM), got K padded to {K_pad}; use chunk_gla with launcher='{NAME}', or "
+                         "launcher='gpu'")
 
 
-def check_call(q, g, chunk: int) -> None:
+def check_call(q, g, chunk: int, fused: bool = False) -> None:
     """:func:`check_supported` for a public call's ``q [B, T, H, K]`` and gate ``g [B, T, H, Kg]``."""
-    check_supported(q.dtype, _pow2(q.shape[-1]), g.shape[-1] != q.shape[-1], chunk)
+    check_supported(q.dtype, _pow2(q.shape[-1]), g.shape[-1] != q.shape[-1], chunk, fused)
 
 
 def _dims(x, y, chunk):
@@ -206,26 +211,57 @@ class _Ops:
         return self._matmul_transposed(a_ref, shape, lambda a_t: (a_t, b_ref))
 
 
-def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, interpret):
+class _Loop(NamedTuple):
+    """What the state kernel's loop hands a fused path's per-chunk ``body(env, S)``, called once the chunk's
+    tiles are in SMEM and before the state moves past the chunk (``S``: the state entering it, or for a
+    reverse loop the gradient of the state leaving it)."""
+    ops: Any
+    ib: Any
+    ih: Any
+    iv: Any
+    n: Any              # the chunk
+    rows: Any           # its tokens, pl.ds
+    cols: Any           # the program's value columns, pl.ds
+    x: Any              # SMEM tiles of this chunk: the loop's x [C, K], y [C, BV], b [C, K] float32, b_C [K]
+    y: Any
+    b: Any
+    bc: Any
+    extra: tuple        # the body's own input tiles, [C, K] or [C, BV]
+    outs: tuple         # the body's output refs (HBM)
+    scratch: tuple      # the body's SMEM scratch
+
+
+def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, interpret, write_states=True,
+                  extra=(), n_out=0, body=None, body_scratch=()):
     """The recurrence ``Sᵀ ← e^{b_C} ⊙ Sᵀ + yᵀ x̃`` over a head's chunks, writing the state entering
     each chunk (forward: ``x̃ = x ⊙ e^{b_C − b}``, chunks in order; ``reverse``: ``x̃ = scale · x ⊙ e^{b}``,
-    chunks from last to first, the gradient recurrence of :func:`gla_ref.pallas.chunk_math.state_grad_update`)."""
+    chunks from last to first, the gradient recurrence of :func:`gla_ref.pallas.chunk_math.state_grad_update`).
+
+    The fused kernels are this loop with a per-chunk ``body`` (see :class:`_Loop`): ``extra`` names the
+    body's own input tiles (``"k"``: ``[C, K]`` rows, ``"v"``: ``[C, BV]`` of the program's value columns),
+    double-buffered and fetched with the loop's own; ``n_out`` output refs follow the loop's; and
+    ``write_states=False`` keeps the states in registers (only the final one may leave)."""
     ops = _Ops(interpret)
     mgpu = ops.mgpu
     W = mgpu.Layout.WGMMA
     C, K, BV, N = d.C, d.K, d.BV, d.N
+    n_extra = len(extra)
 
     def chunk_of(s):
         return N - 1 - s if reverse else s
 
     def kernel(*refs):
         x_ref, y_ref, b_ref = refs[:3]
-        refs = refs[3:]
+        extra_refs, refs = refs[3:3 + n_extra], refs[3 + n_extra:]
         s0_ref = refs[0] if has_init else None
         refs = refs[1:] if has_init else refs
-        states_ref = refs[0]
-        final_ref = refs[1] if want_final else None
-        x_s, y_s, b_s, bc_s, xd_s, st_s, ready, init_ready = refs[1 + want_final:]
+        states_ref = refs[0] if write_states else None
+        refs = refs[1:] if write_states else refs
+        final_ref = refs[0] if want_final else None
+        refs = refs[1:] if want_final else refs
+        outs, refs = refs[:n_out], refs[n_out:]
+        x_s, y_s, b_s, bc_s, xd_s, st_s, ready, init_ready = refs[:8]
+        extra_s, own_scratch = refs[8:8 + n_extra], refs[8 + n_extra:]
         ib, ih, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
         cols = pl.ds(iv * BV, BV)
 
@@ -236,6 +272,9 @@ def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, inter
             mgpu.copy_gmem_to_smem(y_ref.at[ib, ih, rows, cols], y_s.at[slot], ready.at[slot])
             mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, rows], b_s.at[slot], ready.at[slot])
             mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C + C - 1], bc_s.at[slot], ready.at[slot])
+            for kind, ref, dst in zip(extra, extra_refs, extra_s):
+                src = ref.at[ib, ih, rows] if kind == "k" else ref.at[ib, ih, rows, cols]
+                mgpu.copy_gmem_to_smem(src, dst.at[slot], ready.at[slot])
 
         fetch(0, 0)
         if s0_ref is not None:
@@ -253,10 +292,15 @@ def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, inter
                 fetch(s + 1, 1 - slot)
 
             mgpu.barrier_wait(ready.at[slot])
-            mgpu.wait_smem_to_gmem(0)  # the previous chunk's state has left st_s
-            st_s[...] = S
-            mgpu.commit_smem()
-            mgpu.copy_smem_to_gmem(st_s, states_ref.at[ib, ih, chunk_of(s), cols])
+            if states_ref is not None:
+                mgpu.wait_smem_to_gmem(0)  # the previous chunk's state has left st_s
+                st_s[...] = S
+                mgpu.commit_smem()
+                mgpu.copy_smem_to_gmem(st_s, states_ref.at[ib, ih, chunk_of(s), cols])
+            if body is not None:
+                n = chunk_of(s)
+                body(_Loop(ops, ib, ih, iv, n, pl.ds(n * C, C), cols, x_s.at[slot], y_s.at[slot], b_s.at[slot],
+                           bc_s.at[slot], tuple(e.at[slot] for e in extra_s), tuple(outs), tuple(own_scratch)), S)
             b = ops.load(b_s.at[slot], W)
             bC = ops.load(bc_s.at[slot], W.reduce(0))
             x = ops.load(x_s.at[slot], W).astype(jnp.float32)
@@ -277,6 +321,7 @@ def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, inter
             mgpu.copy_smem_to_gmem(st_s, final_ref.at[ib, ih, cols])
         mgpu.wait_smem_to_gmem(0)
 
+    width = {"k": K, "v": BV}
     scratch = [
         mgpu.SMEM((2, C, K), dtype, transforms=_transforms(dtype, K)),
         mgpu.SMEM((2, C, BV), dtype, transforms=_transforms(dtype, BV)),
@@ -284,27 +329,36 @@ def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, inter
         mgpu.SMEM((2, K), jnp.float32),
         mgpu.SMEM((C, K), dtype, transforms=_transforms(dtype, K)),
         mgpu.SMEM((BV, K), jnp.float32, transforms=_transforms(jnp.float32, K)),
-        mgpu.Barrier(num_arrivals=4, num_barriers=2),
+        mgpu.Barrier(num_arrivals=4 + n_extra, num_barriers=2),
         mgpu.Barrier(num_arrivals=1, num_barriers=1),
-    ]
-    return kernel, scratch
+    ] + [mgpu.SMEM((2, C, width[kind]), dtype, transforms=_transforms(dtype, width[kind])) for kind in extra]
+    return kernel, scratch + list(body_scratch)
 
 
-def _state_call(x, y, b, s0, *, chunk, reverse, scale, want_final, interpret, name):
+def _state_call(x, y, b, s0, *, chunk, reverse, scale, want_final, interpret, name, write_states=True,
+                extra=(), body=None, body_outs=(), body_scratch=()):
+    """Run :func:`_state_kernel` on the grid ``(B, H, NV)``; returns the per-chunk states (or None), the
+    final state (or None) and the body's outputs (``extra``: ``(kind, array)`` pairs)."""
     check_supported(x.dtype, x.shape[-1], b.shape[-1] != x.shape[-1], chunk)
     d = _dims(x, y, chunk)
     mgpu = _compat.mosaic_gpu()
+    body_outs = list(body_outs(d) if callable(body_outs) else body_outs)
     kernel, scratch = _state_kernel(d, x.dtype, reverse=reverse, scale=scale, has_init=s0 is not None,
-                                    want_final=want_final, interpret=interpret)
-    out = [jax.ShapeDtypeStruct((d.B, d.H, d.N, d.V, d.K), jnp.float32)]
+                                    want_final=want_final, interpret=interpret, write_states=write_states,
+                                    extra=tuple(kind for kind, _ in extra), n_out=len(body_outs), body=body,
+                                    body_scratch=body_scratch(d) if callable(body_scratch) else body_scratch)
+    out = [jax.ShapeDtypeStruct((d.B, d.H, d.N, d.V, d.K), jnp.float32)] if write_states else []
     if want_final:
         out.append(jax.ShapeDtypeStruct((d.B, d.H, d.V, d.K), jnp.float32))
+    out += body_outs
     call = mgpu.kernel(kernel, out_type=out, scratch_types=scratch, grid=(d.B, d.H, d.NV),
                        grid_names=("b", "h", "v"), compiler_params=mgpu.CompilerParams(),
                        interpret=_interpret_params(interpret), kernel_name=name)
-    args = [x, y, b] + ([s0] if s0 is not None else [])
-    outs = call(*args)
-    return outs[0], (outs[1] if want_final else None)
+    args = [x, y, b] + [a for _, a in extra] + ([s0] if s0 is not None else [])
+    outs = list(call(*args))
+    states = outs.pop(0) if write_states else None
+    final = outs.pop(0) if want_final else None
+    return states, final, tuple(outs)
 
 
 class _Chunk:
@@ -340,13 +394,20 @@ class _Chunk:
         return (jnp.where(mine, q * jnp.exp(jnp.where(mine, b - r, 0.0)), 0.0),
                 jnp.where(before, k * jnp.exp(jnp.where(before, r - b, 0.0)), 0.0))
 
-    def scores(self, q, k, b, r_s, x_s, y_s):
+    def ref_rows(self, b, r_s=None):
+        """``I ↦ r_I [K]``, the first row of sub-chunk I: loaded from ``r_s`` (its rows ``I − 1``, copied by
+        TMA), or picked out of ``b``'s registers (exact) where no such copy was made."""
+        if r_s is None:
+            return lambda I: self.pick(b, 16 * I)
+        return lambda I: self.ops.load(r_s.at[I - 1], self.ops.mgpu.Layout.WGMMA.reduce(0))
+
+    def scores(self, q, k, b, ref_row, x_s, y_s):
         """The chunk's causal scores without the scale, float32 ``[C, C]``: off-diagonal tiles by one
-        masked wgmma per reference row, diagonal tiles one key column at a time."""
+        masked wgmma per reference row (``ref_row``, :meth:`ref_rows`), diagonal tiles one key column at a time."""
         ops, mgpu, C = self.ops, self.ops.mgpu, self.C
         A = ops.cast(jnp.zeros((C, C), jnp.float32), mgpu.Layout.WGMMA)
         for I in range(1, C // 16):
-            xq, xk = self.ref_operands(I, q, k, b, self.rows(ops.load(r_s.at[I - 1], mgpu.Layout.WGMMA.reduce(0))))
+            xq, xk = self.ref_operands(I, q, k, b, self.rows(ref_row(I)))
             x_s[...] = xq.astype(self.dtype)
             y_s[...] = xk.astype(self.dtype)
             mgpu.commit_smem()
@@ -359,6 +420,21 @@ class _Chunk:
             return A + jnp.where(self.scol == j, lax.broadcast_in_dim(a, (C, C), [0]), 0.0)  # a is 0 off j's tile
 
         return lax.fori_loop(0, C, column, A)
+
+
+def _chunk_output(tile, q, k, b, S, v_s, ref_row, hb_s, x_s, y_s, a_s, scale):
+    """``O = scale (Q ⊙ e^{b}) S + A V`` of one chunk, float32 ``[C, BV]``, from ``q, k`` (float32 registers),
+    ``b`` and the float32 state ``Sᵀ [BV, K]`` entering the chunk (written to ``hb_s`` as a bf16 operand;
+    a transposed view of it is the ``[K, BV]`` operand); ``x_s, y_s, a_s`` are work tiles."""
+    ops, C, BV = tile.ops, tile.C, v_s.shape[-1]
+    x_s[...] = (q * jnp.exp(b)).astype(tile.dtype)
+    hb_s[...] = S.astype(tile.dtype)
+    ops.mgpu.commit_smem()
+    inter = ops.matmul_nt(x_s, hb_s, (C, BV))
+    A = tile.scores(q, k, b, ref_row, x_s, y_s)
+    a_s[...] = (scale * A).astype(tile.dtype)
+    ops.mgpu.commit_smem()
+    return scale * inter + ops.matmul(a_s, v_s, (C, BV))
 
 
 def _output_kernel(d: Dims, dtype, *, scale, interpret):
@@ -395,17 +471,8 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret):
         k = ops.load(k_s, W).astype(f32)
         b = ops.load(b_s, W)
         tile = _Chunk(ops, C, K, dtype)
-
-        # inter-chunk: (Q ⊙ e^b) S, S held transposed [BV, K]: a transposed view is the [K, BV] operand
-        x_s[...] = (q * jnp.exp(b)).astype(dtype)
-        hb_s[...] = ops.load(h_s, W).astype(dtype)
-        mgpu.commit_smem()
-        inter = ops.matmul_nt(x_s, hb_s, (C, BV))
-        A = tile.scores(q, k, b, r_s, x_s, y_s)
-        a_s[...] = (scale * A).astype(dtype)
-        mgpu.commit_smem()
-        intra = ops.matmul(a_s, v_s, (C, BV))
-        o_s[...] = (scale * inter + intra).astype(o_s.dtype)
+        o = _chunk_output(tile, q, k, b, ops.load(h_s, W), v_s, tile.ref_rows(b, r_s), hb_s, x_s, y_s, a_s, scale)
+        o_s[...] = o.astype(o_s.dtype)
         mgpu.commit_smem()
         mgpu.copy_smem_to_gmem(o_s, o_ref.at[ib, ih, rows, cols])
         mgpu.wait_smem_to_gmem(0)
@@ -428,14 +495,77 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret):
     return kernel, scratch
 
 
-def _grad_kernel(d: Dims, dtype, *, scale, interpret):
-    """One chunk's ``dq, dk, dv`` and chunk-local gate gradient from the state entering it (``h``) and the
-    gradient of the state leaving it (``dso``): :func:`chunk_math.chunk_dq`, :func:`chunk_math.chunk_dkv`
-    and :func:`chunk_math.chunk_gate_grad` in full-chunk form.
+def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=None, dsb_s=None,
+                 dS=None):
+    """One chunk's gradients in full-chunk form (:func:`chunk_math.chunk_dq`, :func:`chunk_math.chunk_dkv`),
+    float32: ``dq`` given ``hb_s`` (the state entering the chunk, ``Sᵀ`` as a bf16 operand); ``dk, dv`` and
+    the keys' share ``κ = Σ_rows k ⊙ dk_inter`` of the decay's gradient given ``dsb_s`` (the gradient of the
+    state leaving it, bf16 ``dSᵀ``); given also ``dS`` (float32 registers), ``c = Σ_v dS ⊙ U`` with
+    ``Uᵀ = Vᵀ (K ⊙ e^{b_C − b})`` (:func:`chunk_math.state_out_term`). Absent parts are None:
+    ``(dq, dk, dv, κ, c)``.
 
     The inter-chunk terms are one wgmma each; the off-diagonal tiles use the masked operands of
     :meth:`_Chunk.ref_operands` with ``dA = dO Vᵀ`` masked to the tiles ``(I, J < I)``; the diagonal tiles
-    are float32, one key column (``dq``) or key row (``dk``) at a time. The reverse sum of the gate
+    are float32, one key column (``dq``) or key row (``dk``) at a time."""
+    ops, mgpu, C, K, BV, dtype = tile.ops, tile.ops.mgpu, tile.C, tile.K, v_s.shape[-1], tile.dtype
+    want_dq, want_dk = hb_s is not None, dsb_s is not None
+    dq = dk = dv = kappa = c = None
+    if want_dq:
+        dq = scale * ops.matmul(do_s, hb_s, (C, K)) * jnp.exp(b)
+    if want_dk:
+        decay = jnp.exp(tile.rows(bC) - b)  # e^{b_C − b} ≤ 1
+        x_s[...] = (k * decay).astype(dtype)
+        mgpu.commit_smem()
+        dk = ops.matmul(v_s, dsb_s, (C, K)) * decay
+        dv = ops.matmul_nt(x_s, dsb_s, (C, BV))
+        kappa = jnp.sum(k * dk, axis=0)
+        if dS is not None:
+            c = jnp.sum(dS * ops.matmul_tn(v_s, x_s, (BV, K)), axis=0)
+        # scores A (for dv), float32
+        A = tile.scores(q, k, b, ref_row, x_s, y_s)
+        a_s[...] = (scale * A).astype(dtype)
+        mgpu.commit_smem()
+        dv = dv + ops.matmul_tn(a_s, do_s, (C, BV))
+    dA = ops.matmul_nt(do_s, v_s, (C, C))
+
+    # off-diagonal tiles: dA restricted to (rows of I, keys before I) against the masked operands
+    for I in range(1, C // 16):
+        r = tile.rows(ref_row(I))
+        mine, before = tile.masks(I)
+        xq, xk = tile.ref_operands(I, q, k, b, r)
+        tiles_I = (tile.srow >= 16 * I) & (tile.srow < 16 * I + 16) & (tile.scol < 16 * I)
+        a_s[...] = jnp.where(tiles_I, dA, 0.0).astype(dtype)  # A has been read: its buffer takes dA
+        if want_dq:
+            x_s[...] = xk.astype(dtype)
+        if want_dk:
+            y_s[...] = xq.astype(dtype)
+        mgpu.commit_smem()
+        if want_dq:
+            dq = dq + scale * ops.matmul(a_s, x_s, (C, K)) * jnp.exp(jnp.where(mine, b - r, 0.0))
+        if want_dk:
+            dk = dk + scale * ops.matmul_tn(a_s, y_s, (C, K)) * jnp.exp(jnp.where(before, r - b, 0.0))
+
+    # diagonal tiles, key j at a time: dq_i += dA_ij k_j e^{b_i − b_j}, dk_j += Σ_i dA_ij q_i e^{b_i − b_j}
+    def key(j, carry):
+        dq, dk = carry
+        same = tile.same_tile(j)
+        e = jnp.exp(jnp.where(same, b - tile.rows(tile.pick(b, j)), 0.0))
+        dA_j = lax.broadcast_in_dim(jnp.sum(jnp.where(tile.scol == j, dA, 0.0), axis=1), (C, K), [0])
+        if want_dq:
+            dq = dq + scale * jnp.where(same, dA_j * tile.rows(tile.pick(k, j)) * e, 0.0)
+        if want_dk:
+            dk_j = jnp.sum(jnp.where(same, dA_j * q * e, 0.0), axis=0)
+            dk = dk + scale * jnp.where(tile.row == j, tile.rows(dk_j), 0.0)
+        return dq, dk
+
+    dq, dk = lax.fori_loop(0, C, key, (dq, dk))
+    return dq, dk, dv, kappa, c
+
+
+def _grad_kernel(d: Dims, dtype, *, scale, interpret):
+    """One chunk's ``dq, dk, dv`` and chunk-local gate gradient from the state entering it (``h``) and the
+    gradient of the state leaving it (``dso``): :func:`chunk_math.chunk_dq`, :func:`chunk_math.chunk_dkv`
+    and :func:`chunk_math.chunk_gate_grad` in full-chunk form (:func:`_chunk_grads`). The reverse sum of the gate
     gradient inside the chunk is float32 too, one token at a time: a tensor-core sum would read it as tf32.
     The float32 states live in scoped SMEM buffers that later hold the float32 results on their way out.
     The kernel fills about 221 KiB of SMEM at ``K = 128`` (the lowering checks the 227 KiB a block has)."""
@@ -474,47 +604,9 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret):
         b = ops.load(b_s, W)
         bC = ops.load(bc_s, W.reduce(0))
         tile = _Chunk(ops, C, K, dtype)
-        decay = jnp.exp(tile.rows(bC) - b)  # e^{b_C − b} ≤ 1
-        x_s[...] = (k * decay).astype(dtype)
-        mgpu.commit_smem()
-
-        # inter-chunk terms and the explicit gradient of the chunk's decay b_C
-        dq = scale * ops.matmul(do_s, hb_s, (C, K)) * jnp.exp(b)
-        dk = ops.matmul(v_s, dsb_s, (C, K)) * decay
-        dv = ops.matmul_nt(x_s, dsb_s, (C, BV))
-        dgamma = jnp.exp(bC) * SdS + jnp.sum(k * dk, axis=0)
-
-        # scores A (for dv) and dA = dO Vᵀ (for dq, dk), float32
-        A = tile.scores(q, k, b, r_s, x_s, y_s)
-        a_s[...] = (scale * A).astype(dtype)
-        mgpu.commit_smem()
-        dv = dv + ops.matmul_tn(a_s, do_s, (C, BV))
-        dA = ops.matmul_nt(do_s, v_s, (C, C))
-
-        # off-diagonal tiles: dA restricted to (rows of I, keys before I) against the masked operands
-        for I in range(1, n_sub):
-            r = tile.rows(ops.load(r_s.at[I - 1], W.reduce(0)))
-            mine, before = tile.masks(I)
-            xq, xk = tile.ref_operands(I, q, k, b, r)
-            tiles_I = (tile.srow >= 16 * I) & (tile.srow < 16 * I + 16) & (tile.scol < 16 * I)
-            a_s[...] = jnp.where(tiles_I, dA, 0.0).astype(dtype)  # A has been read: its buffer takes dA
-            x_s[...] = xk.astype(dtype)
-            y_s[...] = xq.astype(dtype)
-            mgpu.commit_smem()
-            dq = dq + scale * ops.matmul(a_s, x_s, (C, K)) * jnp.exp(jnp.where(mine, b - r, 0.0))
-            dk = dk + scale * ops.matmul_tn(a_s, y_s, (C, K)) * jnp.exp(jnp.where(before, r - b, 0.0))
-
-        # diagonal tiles, key j at a time: dq_i += dA_ij k_j e^{b_i − b_j}, dk_j += Σ_i dA_ij q_i e^{b_i − b_j}
-        def key(j, carry):
-            dq, dk = carry
-            same = tile.same_tile(j)
-            e = jnp.exp(jnp.where(same, b - tile.rows(tile.pick(b, j)), 0.0))
-            dA_j = lax.broadcast_in_dim(jnp.sum(jnp.where(tile.scol == j, dA, 0.0), axis=1), (C, K), [0])
-            dq = dq + scale * jnp.where(same, dA_j * tile.rows(tile.pick(k, j)) * e, 0.0)
-            dk_j = jnp.sum(jnp.where(same, dA_j * q * e, 0.0), axis=0)
-            return dq, dk + scale * jnp.where(tile.row == j, tile.rows(dk_j), 0.0)
-
-        dq, dk = lax.fori_loop(0, C, key, (dq, dk))
+        dq, dk, dv, kappa, _ = _chunk_grads(tile, q, k, b, bC, v_s, do_s, tile.ref_rows(b, r_s), x_s, y_s, a_s,
+                                            scale, hb_s=hb_s, dsb_s=dsb_s)
+        dgamma = jnp.exp(bC) * SdS + kappa  # the explicit gradient of the chunk's decay b_C
 
         # gate gradient: Σ_{s ≥ t in the chunk} (q ⊙ dq − k ⊙ dk)_s + dγ, one token t at a time
         x = q * dq - k * dk
@@ -563,13 +655,13 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret):
 def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
     """States entering each chunk ``h [B, H, N, V, K]`` (float32, transposed) and the final state (or None)."""
     return _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=want_final,
-                       interpret=interpret, name="gla_state_fwd_mgpu")
+                       interpret=interpret, name="gla_state_fwd_mgpu")[:2]
 
 
 def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
     """Gradients w.r.t. the state leaving each chunk ``[B, H, N, V, K]`` and w.r.t. h0 (or None)."""
     return _state_call(q, do, b, dht, chunk=chunk, reverse=True, scale=scale, want_final=want_dh0,
-                       interpret=interpret, name="gla_state_bwd_mgpu")
+                       interpret=interpret, name="gla_state_bwd_mgpu")[:2]
 
 
 def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
@@ -601,10 +693,116 @@ def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
     return tuple(call(q, k, v, b, do, h, dso))
 
 
-def _no_fused(*args, **kwargs):
-    raise ValueError(f"launcher='{NAME}' has no fused kernels yet: use chunk_gla with launcher='{NAME}', "
-                     "or fused_chunk_gla with launcher='gpu'")
+MAX_K_FUSED = 64
+"""Largest padded ``K`` of the fused kernels: they double-buffer four input tiles (``b`` in float32) beside
+the per-chunk work tiles, about 185 KiB of SMEM at ``K = 64`` and over 227 KiB at ``K = 128``."""
 
 
-fused_fwd = functools.wraps(gpu.fused_fwd)(_no_fused)
-fused_bwd = functools.wraps(gpu.fused_bwd)(_no_fused)
+def _fused_body(kind, dtype, scale):
+    """The per-chunk body of a fused kernel (``"fwd"``, ``"dq"`` or ``"dkv"``) for :func:`_state_kernel`, and
+    its SMEM scratch ``scratch(d)``."""
+    f32 = jnp.float32
+
+    def body(env: _Loop, S):
+        ops = env.ops
+        mgpu, W = ops.mgpu, ops.mgpu.Layout.WGMMA
+        C, K = env.b.shape
+        tile = _Chunk(ops, C, K, dtype)
+        b = ops.load(env.b, W)
+        ref_row = tile.ref_rows(b)  # picked from b's registers: no extra copies in the loop
+        if kind == "fwd":  # x = k, y = v, extra = (q,); S enters the chunk
+            (o_ref,), (hb_s, x_s, y_s, a_s, o_s) = env.outs, env.scratch
+            q, k = (ops.load(r, W).astype(f32) for r in (env.extra[0], env.x))
+            o = _chunk_output(tile, q, k, b, S, env.y, ref_row, hb_s, x_s, y_s, a_s, scale)
+            mgpu.wait_smem_to_gmem(0)  # the previous chunk's o has left o_s
+            o_s[...] = o.astype(dtype)
+            mgpu.commit_smem()
+            mgpu.copy_smem_to_gmem(o_s, o_ref.at[env.ib, env.ih, env.rows, env.cols])
+            return
+        if kind == "dq":  # x = k, y = v, extra = (q, do); S enters the chunk
+            (dq_ref, a_ref), (hb_s, x_s, y_s, a_s, out_s, row_s) = env.outs, env.scratch
+            do_s = env.extra[1]
+            q, k = (ops.load(r, W).astype(f32) for r in (env.extra[0], env.x))
+            hb_s[...] = S.astype(dtype)
+            mgpu.commit_smem()
+            dq = _chunk_grads(tile, q, k, b, None, env.y, do_s, ref_row, x_s, y_s, a_s, scale, hb_s=hb_s)[0]
+            # a = Σ_v S ⊙ G, G = scale (Q ⊙ e^b)ᵀ dO held as Gᵀ [BV, K] (chunk_math.state_in_term)
+            x_s[...] = (q * jnp.exp(b)).astype(dtype)
+            mgpu.commit_smem()
+            rows = ((dq_ref, out_s, dq), (a_ref, row_s, jnp.sum(S * (scale * ops.matmul_tn(do_s, x_s, (S.shape[0], K))),
+                                                                 axis=0)))
+        else:  # "dkv": x = q, y = do, extra = (k, v); S is dS, the gradient of the state leaving the chunk
+            (dk_ref, dv_ref, c_ref, e_ref), (dsb_s, x_s, y_s, a_s, out_s, dv_s, c_s, e_s) = env.outs, env.scratch
+            q, k = (ops.load(r, W).astype(f32) for r in (env.x, env.extra[0]))
+            bC = ops.load(env.bc, W.reduce(0))
+            dsb_s[...] = S.astype(dtype)
+            mgpu.commit_smem()
+            _, dk, dv, kappa, c = _chunk_grads(tile, q, k, b, bC, env.extra[1], env.y, ref_row, x_s, y_s, a_s,
+                                               scale, dsb_s=dsb_s, dS=S)
+            rows = ((dk_ref, out_s, dk), (dv_ref, dv_s, dv), (c_ref, c_s, c), (e_ref, e_s, kappa - c))
+        mgpu.wait_smem_to_gmem(0)  # the previous chunk's results have left their buffers
+        for ref, buf, value in rows:
+            buf[...] = value
+        mgpu.commit_smem()
+        for ref, buf, _ in rows:
+            if ref.ndim == 4:  # dv [B, H, T, V]
+                dst = ref.at[env.ib, env.ih, env.rows, env.cols]
+            elif ref.ndim == 5:  # partials [B, H, NV, T, K]
+                dst = ref.at[env.ib, env.ih, env.iv, env.rows]
+            else:  # one row per chunk [B, H, NV, N, 1, K]
+                dst = ref.at[env.ib, env.ih, env.iv, env.n, 0]
+            mgpu.copy_smem_to_gmem(buf, dst)
+
+    def scratch(d: Dims):
+        mgpu = _compat.mosaic_gpu()
+        C, K, BV = d.C, d.K, d.BV
+
+        def tile(shape, dt):
+            return mgpu.SMEM(shape, dt, transforms=_transforms(dt, shape[-1]))
+
+        work = [tile((BV, K), dtype), tile((C, K), dtype), tile((C, K), dtype), tile((C, C), dtype)]
+        if kind == "fwd":
+            return work + [tile((C, BV), dtype)]
+        if kind == "dq":
+            return work + [tile((C, K), f32), mgpu.SMEM((K,), f32)]
+        return work + [tile((C, K), f32), tile((C, BV), f32), mgpu.SMEM((K,), f32), mgpu.SMEM((K,), f32)]
+
+    return body, scratch
+
+
+def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
+    """Output and final state in one program per head and value block: the state kernel's loop, whose
+    body also forms each chunk's output (:func:`_chunk_output`); no state is written to HBM."""
+    check_supported(q.dtype, q.shape[-1], b.shape[-1] != q.shape[-1], chunk, fused=True)
+    body, scratch = _fused_body("fwd", q.dtype, scale)
+    _, ht, (o,) = _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=want_final,
+                              interpret=interpret, name="gla_fused_fwd_mgpu", write_states=False,
+                              extra=(("k", q),), body=body, body_scratch=scratch,
+                              body_outs=[jax.ShapeDtypeStruct(v.shape, q.dtype)])
+    return o, ht
+
+
+def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=False):
+    """All gradients with the states in registers, the interface of :func:`gla_ref.pallas.gpu.fused_bwd`: the
+    state kernel's loop forwards for ``dq`` and the rows ``a`` (re-building the state), and backwards for
+    ``dk, dv, dh0`` and the rows ``c, e`` of the gate gradient (``[B, H, NV, N, 1, K]``;
+    :func:`gla_ref.pallas.chunk._fused_gate_grad` sums them)."""
+    check_supported(q.dtype, q.shape[-1], b.shape[-1] != q.shape[-1], chunk, fused=True)
+
+    def outs(*kinds):
+        def types(d: Dims):
+            shape = {"part": (d.B, d.H, d.NV, d.N * d.C, d.K), "dv": v.shape, "row": (d.B, d.H, d.NV, d.N, 1, d.K)}
+            return [jax.ShapeDtypeStruct(shape[kind], jnp.float32) for kind in kinds]
+        return types
+
+    body, scratch = _fused_body("dq", q.dtype, scale)
+    _, _, (dq, a) = _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=False,
+                                interpret=interpret, name="gla_fused_bwd_dq_mgpu", write_states=False,
+                                extra=(("k", q), ("v", do)), body=body, body_scratch=scratch,
+                                body_outs=outs("part", "row"))
+    body, scratch = _fused_body("dkv", q.dtype, scale)
+    _, dh0, (dk, dv, c, e) = _state_call(q, do, b, dht, chunk=chunk, reverse=True, scale=scale, want_final=want_dh0,
+                                         interpret=interpret, name="gla_fused_bwd_dkv_mgpu", write_states=False,
+                                         extra=(("k", k), ("v", v)), body=body, body_scratch=scratch,
+                                         body_outs=outs("part", "dv", "row", "row"))
+    return dq, dk, dv, dh0, a, c, e
