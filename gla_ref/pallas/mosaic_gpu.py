@@ -99,15 +99,12 @@ def padded_dims(K: int, V: int) -> tuple[int, int]:
     return _pow2(K), _pow2(V)
 
 
-def check_supported(dtype, K_pad: int, scalar_gate: bool, chunk: int, fused: bool = False) -> None:
+def check_supported(dtype, K_pad: int, chunk: int, fused: bool = False) -> None:
     """What this launcher cannot do yet raises here, before any kernel is traced."""
     if jnp.dtype(dtype) != jnp.bfloat16:
         raise TypeError(f"launcher='{NAME}' takes bfloat16 q, k, v, got {jnp.dtype(dtype).name}: its matmuls are "
                         "wgmma, which read float32 as tf32 and only K-major (the state update reads v transposed); "
                         "use launcher='gpu' for float32")
-    if scalar_gate:
-        raise ValueError(f"launcher='{NAME}' has no scalar-gate (g [B, T, H] or g_gamma) kernels yet; "
-                         "use launcher='gpu'")
     if chunk != CHUNK:
         raise ValueError(f"launcher='{NAME}' takes chunk_size={CHUNK} only (a register tile of a warpgroup has a "
                          f"multiple of 64 rows; larger chunks overflow SMEM), got chunk_size={chunk}")
@@ -122,7 +119,7 @@ def check_supported(dtype, K_pad: int, scalar_gate: bool, chunk: int, fused: boo
 
 def check_call(q, g, chunk: int, fused: bool = False) -> None:
     """:func:`check_supported` for a public call's ``q [B, T, H, K]`` and gate ``g [B, T, H, Kg]``."""
-    check_supported(q.dtype, _pow2(q.shape[-1]), g.shape[-1] != q.shape[-1], chunk, fused)
+    check_supported(q.dtype, _pow2(q.shape[-1]), chunk, fused)
 
 
 def _dims(x, y, chunk):
@@ -339,7 +336,8 @@ def _state_call(x, y, b, s0, *, chunk, reverse, scale, want_final, interpret, na
                 extra=(), body=None, body_outs=(), body_scratch=()):
     """Run :func:`_state_kernel` on the grid ``(B, H, NV)``; returns the per-chunk states (or None), the
     final state (or None) and the body's outputs (``extra``: ``(kind, array)`` pairs)."""
-    check_supported(x.dtype, x.shape[-1], b.shape[-1] != x.shape[-1], chunk)
+    check_supported(x.dtype, x.shape[-1], chunk)
+    b, _ = _per_key(b, x.shape[-1])
     d = _dims(x, y, chunk)
     mgpu = _compat.mosaic_gpu()
     body_outs = list(body_outs(d) if callable(body_outs) else body_outs)
@@ -362,12 +360,18 @@ def _state_call(x, y, b, s0, *, chunk, reverse, scale, want_final, interpret, na
 
 
 class _Chunk:
-    """Register-level helpers of the per-chunk kernels: one chunk ``[C, K]`` in the ``WGMMA`` layout."""
+    """Register-level helpers of the per-chunk kernels: one chunk ``[C, K]`` in the ``WGMMA`` layout.
 
-    def __init__(self, ops, C, K, dtype):
+    ``scalar``: the gate is one number per token (``b``'s columns are equal, :func:`_per_key`), so the
+    chunk's decay is the ``[C, C]`` matrix ``D`` of :meth:`decay` and its scores ``(Q Kᵀ) ⊙ D`` are one wgmma
+    of the SMEM tiles ``q_s, k_s`` (bf16) for the whole chunk: no sub-chunks, no loop over keys."""
+
+    def __init__(self, ops, C, K, dtype, scalar=False, q_s=None, k_s=None):
         self.ops, self.C, self.K, self.dtype = ops, C, K, dtype
+        self.scalar, self.q_s, self.k_s = scalar, q_s, k_s
         W = ops.mgpu.Layout.WGMMA
         self.row = ops.cast(lax.broadcasted_iota(jnp.int32, (C, K), 0), W)  # token of each element
+        self.col = ops.cast(lax.broadcasted_iota(jnp.int32, (C, K), 1), W)  # key column of each element
         self.srow = ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), 0), W)  # query of a score
         self.scol = ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), 1), W)  # key of a score
 
@@ -401,10 +405,24 @@ class _Chunk:
             return lambda I: self.pick(b, 16 * I)
         return lambda I: self.ops.load(r_s.at[I - 1], self.ops.mgpu.Layout.WGMMA.reduce(0))
 
+    def decay(self, b):
+        """Scalar gates: ``D[i, j] = e^{b_i − b_j}`` for ``i ≥ j``, else 0 (float32 ``[C, C]``; exponents ≤ 0),
+        from ``b [C, K]`` (equal columns): its first column gives ``b_i`` down the rows, and the diagonal of
+        that column broadcast gives ``b_j`` along them (one-hot sums, exact; no transpose of a register array)."""
+        C = self.C
+        b_i = jnp.sum(jnp.where(self.col == 0, b, 0.0), axis=1)
+        square = lax.broadcast_in_dim(b_i, (C, C), [0])
+        b_j = jnp.sum(jnp.where(self.srow == self.scol, square, 0.0), axis=0)
+        causal = self.srow >= self.scol
+        return jnp.where(causal, jnp.exp(jnp.where(causal, square - lax.broadcast_in_dim(b_j, (C, C), [1]), 0.0)), 0.0)
+
     def scores(self, q, k, b, ref_row, x_s, y_s):
         """The chunk's causal scores without the scale, float32 ``[C, C]``: off-diagonal tiles by one
-        masked wgmma per reference row (``ref_row``, :meth:`ref_rows`), diagonal tiles one key column at a time."""
+        masked wgmma per reference row (``ref_row``, :meth:`ref_rows`), diagonal tiles one key column at a time;
+        for a scalar gate ``(Q Kᵀ) ⊙ D``, one wgmma."""
         ops, mgpu, C = self.ops, self.ops.mgpu, self.C
+        if self.scalar:
+            return ops.matmul_nt(self.q_s, self.k_s, (C, C)) * self.decay(b)
         A = ops.cast(jnp.zeros((C, C), jnp.float32), mgpu.Layout.WGMMA)
         for I in range(1, C // 16):
             xq, xk = self.ref_operands(I, q, k, b, self.rows(ref_row(I)))
@@ -437,7 +455,7 @@ def _chunk_output(tile, q, k, b, S, v_s, ref_row, hb_s, x_s, y_s, a_s, scale):
     return scale * inter + ops.matmul(a_s, v_s, (C, BV))
 
 
-def _output_kernel(d: Dims, dtype, *, scale, interpret):
+def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False):
     """One chunk's output ``O = scale (Q ⊙ e^{b}) S + A V`` (one program per chunk and value block).
 
     ``A``, the chunk's causal scores, is assembled in float32 registers: the off-diagonal 16-row tiles
@@ -470,7 +488,7 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret):
         q = ops.load(q_s, W).astype(f32)
         k = ops.load(k_s, W).astype(f32)
         b = ops.load(b_s, W)
-        tile = _Chunk(ops, C, K, dtype)
+        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s)
         o = _chunk_output(tile, q, k, b, ops.load(h_s, W), v_s, tile.ref_rows(b, r_s), hb_s, x_s, y_s, a_s, scale)
         o_s[...] = o.astype(o_s.dtype)
         mgpu.commit_smem()
@@ -527,6 +545,14 @@ def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *,
         mgpu.commit_smem()
         dv = dv + ops.matmul_tn(a_s, do_s, (C, BV))
     dA = ops.matmul_nt(do_s, v_s, (C, C))
+    if tile.scalar:  # the whole chunk at once: dq += scale (dA ⊙ D) K, dk += scale (dA ⊙ D)ᵀ Q
+        a_s[...] = (dA * tile.decay(b)).astype(dtype)
+        mgpu.commit_smem()
+        if want_dq:
+            dq = dq + scale * ops.matmul(a_s, tile.k_s, (C, K))
+        if want_dk:
+            dk = dk + scale * ops.matmul_tn(a_s, tile.q_s, (C, K))
+        return dq, dk, dv, kappa, c
 
     # off-diagonal tiles: dA restricted to (rows of I, keys before I) against the masked operands
     for I in range(1, C // 16):
@@ -562,7 +588,7 @@ def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *,
     return dq, dk, dv, kappa, c
 
 
-def _grad_kernel(d: Dims, dtype, *, scale, interpret):
+def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False):
     """One chunk's ``dq, dk, dv`` and chunk-local gate gradient from the state entering it (``h``) and the
     gradient of the state leaving it (``dso``): :func:`chunk_math.chunk_dq`, :func:`chunk_math.chunk_dkv`
     and :func:`chunk_math.chunk_gate_grad` in full-chunk form (:func:`_chunk_grads`). The reverse sum of the gate
@@ -603,7 +629,7 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret):
         k = ops.load(k_s, W).astype(f32)
         b = ops.load(b_s, W)
         bC = ops.load(bc_s, W.reduce(0))
-        tile = _Chunk(ops, C, K, dtype)
+        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s)
         dq, dk, dv, kappa, _ = _chunk_grads(tile, q, k, b, bC, v_s, do_s, tile.ref_rows(b, r_s), x_s, y_s, a_s,
                                             scale, hb_s=hb_s, dsb_s=dsb_s)
         dgamma = jnp.exp(bC) * SdS + kappa  # the explicit gradient of the chunk's decay b_C
@@ -652,6 +678,21 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret):
 
 # ---------------------------------------------------------------- the launcher interface
 
+def _per_key(b, K):
+    """``(b, scalar)``: a scalar gate's ``b [B, H, T, 1]`` broadcast to the ``K`` key columns the kernels read
+    (their tiles and TMA copies are ``[C, K]``; a 4-byte ``[C, 1]`` column is below TMA's 16-byte rows), or
+    GLA's ``b`` as it is."""
+    if b.shape[-1] == 1:
+        return jnp.broadcast_to(b, b.shape[:-1] + (K,)), True
+    return b, False
+
+
+def _gate_width(x, scalar):
+    """A scalar gate's gradient terms from the kernels' per-key-column ones: their sum over the key columns
+    (every column carries the same gate, so its gradient is the sum of theirs)."""
+    return x.sum(-1, keepdims=True) if scalar else x
+
+
 def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
     """States entering each chunk ``h [B, H, N, V, K]`` (float32, transposed) and the final state (or None)."""
     return _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=want_final,
@@ -667,10 +708,11 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
 def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
     """The output, one program per chunk and value block on the grid ``(B, H, NV, N)``, from the state
     ``h`` entering the chunk (:func:`_output_kernel`)."""
-    check_supported(q.dtype, q.shape[-1], b.shape[-1] != q.shape[-1], chunk)
+    check_supported(q.dtype, q.shape[-1], chunk)
+    b, scalar = _per_key(b, q.shape[-1])
     d = _dims(q, v, chunk)
     mgpu = _compat.mosaic_gpu()
-    kernel, scratch = _output_kernel(d, q.dtype, scale=scale, interpret=interpret)
+    kernel, scratch = _output_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar)
     call = mgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(v.shape, q.dtype), scratch_types=scratch,
                        grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
                        compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
@@ -681,16 +723,18 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
 def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
     """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32) and the gate
     gradient's partials ``[B, H, NV, T, K]``, one program per chunk and value block (:func:`_grad_kernel`)."""
-    check_supported(q.dtype, q.shape[-1], b.shape[-1] != q.shape[-1], chunk)
+    check_supported(q.dtype, q.shape[-1], chunk)
+    b, scalar = _per_key(b, q.shape[-1])
     d = _dims(q, v, chunk)
     mgpu = _compat.mosaic_gpu()
-    kernel, scratch = _grad_kernel(d, q.dtype, scale=scale, interpret=interpret)
+    kernel, scratch = _grad_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar)
     part = jax.ShapeDtypeStruct((d.B, d.H, d.NV, d.N * d.C, d.K), jnp.float32)
     call = mgpu.kernel(kernel, out_type=[part, part, jax.ShapeDtypeStruct(v.shape, jnp.float32), part],
                        scratch_types=scratch, grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
                        compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
                        kernel_name="gla_chunk_bwd_mgpu")
-    return tuple(call(q, k, v, b, do, h, dso))
+    dq, dk, dv, dg = call(q, k, v, b, do, h, dso)
+    return dq, dk, dv, _gate_width(dg, scalar)
 
 
 MAX_K_FUSED = 64
@@ -698,7 +742,7 @@ MAX_K_FUSED = 64
 the per-chunk work tiles, about 185 KiB of SMEM at ``K = 64`` and over 227 KiB at ``K = 128``."""
 
 
-def _fused_body(kind, dtype, scale):
+def _fused_body(kind, dtype, scale, scalar):
     """The per-chunk body of a fused kernel (``"fwd"``, ``"dq"`` or ``"dkv"``) for :func:`_state_kernel`, and
     its SMEM scratch ``scratch(d)``."""
     f32 = jnp.float32
@@ -707,7 +751,8 @@ def _fused_body(kind, dtype, scale):
         ops = env.ops
         mgpu, W = ops.mgpu, ops.mgpu.Layout.WGMMA
         C, K = env.b.shape
-        tile = _Chunk(ops, C, K, dtype)
+        q_s, k_s = (env.extra[0], env.x) if kind != "dkv" else (env.x, env.extra[0])
+        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s)
         b = ops.load(env.b, W)
         ref_row = tile.ref_rows(b)  # picked from b's registers: no extra copies in the loop
         if kind == "fwd":  # x = k, y = v, extra = (q,); S enters the chunk
@@ -773,8 +818,9 @@ def _fused_body(kind, dtype, scale):
 def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
     """Output and final state in one program per head and value block: the state kernel's loop, whose
     body also forms each chunk's output (:func:`_chunk_output`); no state is written to HBM."""
-    check_supported(q.dtype, q.shape[-1], b.shape[-1] != q.shape[-1], chunk, fused=True)
-    body, scratch = _fused_body("fwd", q.dtype, scale)
+    check_supported(q.dtype, q.shape[-1], chunk, fused=True)
+    b, scalar = _per_key(b, q.shape[-1])
+    body, scratch = _fused_body("fwd", q.dtype, scale, scalar)
     _, ht, (o,) = _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=want_final,
                               interpret=interpret, name="gla_fused_fwd_mgpu", write_states=False,
                               extra=(("k", q),), body=body, body_scratch=scratch,
@@ -787,7 +833,8 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
     state kernel's loop forwards for ``dq`` and the rows ``a`` (re-building the state), and backwards for
     ``dk, dv, dh0`` and the rows ``c, e`` of the gate gradient (``[B, H, NV, N, 1, K]``;
     :func:`gla_ref.pallas.chunk._fused_gate_grad` sums them)."""
-    check_supported(q.dtype, q.shape[-1], b.shape[-1] != q.shape[-1], chunk, fused=True)
+    check_supported(q.dtype, q.shape[-1], chunk, fused=True)
+    b, scalar = _per_key(b, q.shape[-1])
 
     def outs(*kinds):
         def types(d: Dims):
@@ -795,14 +842,14 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
             return [jax.ShapeDtypeStruct(shape[kind], jnp.float32) for kind in kinds]
         return types
 
-    body, scratch = _fused_body("dq", q.dtype, scale)
+    body, scratch = _fused_body("dq", q.dtype, scale, scalar)
     _, _, (dq, a) = _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=False,
                                 interpret=interpret, name="gla_fused_bwd_dq_mgpu", write_states=False,
                                 extra=(("k", q), ("v", do)), body=body, body_scratch=scratch,
                                 body_outs=outs("part", "row"))
-    body, scratch = _fused_body("dkv", q.dtype, scale)
+    body, scratch = _fused_body("dkv", q.dtype, scale, scalar)
     _, dh0, (dk, dv, c, e) = _state_call(q, do, b, dht, chunk=chunk, reverse=True, scale=scale, want_final=want_dh0,
                                          interpret=interpret, name="gla_fused_bwd_dkv_mgpu", write_states=False,
                                          extra=(("k", k), ("v", v)), body=body, body_scratch=scratch,
                                          body_outs=outs("part", "dv", "row", "row"))
-    return dq, dk, dv, dh0, a, c, e
+    return (dq, dk, dv, dh0) + tuple(_gate_width(r, scalar) for r in (a, c, e))
