@@ -4,16 +4,20 @@
     python benchmarks/pallas_mosaic_gpu_check.py --T 4096 8192   # timing lengths (default 4096 8192 16384)
     python benchmarks/pallas_mosaic_gpu_check.py --smoke         # any machine: interpreter accuracy, no timing
 
-Accuracy: ``chunk_gla`` with ``launcher="mosaic_gpu"`` (compiled) and, beside it, ``launcher="gpu"``
-(the Pallas Triton backend), bf16 inputs, B=2, H=2, K=V=64, chunk 64, gates logsigmoid(x)/16, initial
-and final state, T = 256 and 2048: relative RMSE of o, the final state, dq, dk, dv, dg and dh0
-against the float64 recurrence on the same bf16-rounded inputs (``check_variant`` of
-tests/test_pallas.py, the tests' own checker). float32 rows: the Triton-backend launcher, and the
-Mosaic GPU launcher's refusal (it takes bfloat16 only; its docstring says why).
+Accuracy: every Pallas path (:data:`VARIANTS`: ``chunk_gla``, ``fused_chunk_gla`` and
+``chunk_simple_gla`` with g or g_gamma in both modes) with ``launcher="mosaic_gpu"`` (compiled) and,
+beside it, ``launcher="gpu"`` (the Pallas Triton backend), bf16 inputs, B=2, H=2, K=V=64, chunk 64, gates
+logsigmoid(x)/16, initial and final state, T = 256 and 2048: relative RMSE of o, the final state, dq, dk,
+dv, dg and dh0 against the float64 recurrence on the same bf16-rounded inputs (``check_variant`` of
+tests/test_pallas.py, the tests' own checker). float32 rows (``chunk_gla``): the Triton-backend launcher,
+and the Mosaic GPU launcher's refusal (it takes bfloat16 only; its docstring says why). ``--smoke``:
+``fused_chunk_gla`` in bf16 and ``chunk_gla`` in float32 only, at T=80.
 
-Timing: B=8, H=16, K=V=128, bf16, chunk 64, forward and forward+backward of
-``pallas chunk_gla`` on both launchers and of ``gla_ref.triton.chunk_gla`` (PyTorch, through DLPack),
-with the compile time (XLA ahead-of-time; Triton's first call) apart from the run times. A case that
+Timing (:data:`CASES`): B=8, H=16, bf16, chunk 64, forward and forward+backward of ``pallas chunk_gla``
+(K=V=128) on both launchers and of ``gla_ref.triton.chunk_gla`` (PyTorch, through DLPack); the fused
+path at K=V=64 (the Mosaic GPU fused kernels take K ≤ 64) beside ``chunk_gla`` and Triton's fused kernel
+there; ``chunk_simple_gla`` with g_gamma (K=V=128) on both launchers; with the compile time (XLA
+ahead-of-time; Triton's first call) apart from the run times. A case that
 fails (e.g. out of memory, or a Mosaic GPU compile error on the first real run) is recorded with its
 error and the script goes on.
 
@@ -32,9 +36,17 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from gla_ref import bench  # noqa: E402
 
-NAMES = ("pallas chunk_gla mosaic_gpu", "pallas chunk_gla gpu", "triton chunk_gla")
+VARIANTS = ("chunk", "fused", "simple_chunk", "simple_fused", "gamma_chunk", "gamma_fused")
+SMOKE_VARIANTS = ("fused",)
+CASES = [
+    ("pallas chunk_gla mosaic_gpu", 128), ("pallas chunk_gla gpu", 128), ("triton chunk_gla", 128),
+    ("pallas chunk_simple_gla g_gamma mosaic_gpu", 128), ("pallas chunk_simple_gla g_gamma gpu", 128),
+    ("pallas fused_chunk_gla mosaic_gpu", 64), ("pallas fused_chunk_gla gpu", 64), ("triton fused_chunk_gla", 64),
+    ("pallas chunk_gla mosaic_gpu", 64), ("pallas chunk_gla gpu", 64),
+]
+"""(name, K = V) of each timing case; the name's last word is the Pallas launcher."""
 ACCURACY = {"B": 2, "H": 2, "K": 64, "V": 64, "tau": 16.0}
-TIMING = {"B": 8, "H": 16, "K": 128, "V": 128, "chunk": 64, "dtype": "bfloat16", "warmup": 5, "rep": 50}
+TIMING = {"B": 8, "H": 16, "chunk": 64, "dtype": "bfloat16", "warmup": 5, "rep": 50}
 
 
 def _error(err: BaseException) -> str:
@@ -43,25 +55,26 @@ def _error(err: BaseException) -> str:
 
 
 def accuracy_rows(Ts, smoke: bool):
-    """One row per (launcher, dtype, T): the relative RMSE of every tensor, or the error raised."""
+    """One row per (launcher, variant, dtype, T): the relative RMSE of every tensor, or the error raised."""
     import jax.numpy as jnp
     from test_pallas import check_variant
 
     from gla_ref.pallas import _compat
 
     rows = []
+    cases = [(v, jnp.bfloat16) for v in (SMOKE_VARIANTS if smoke else VARIANTS)] + [("chunk", jnp.float32)]
     for launcher in ("mosaic_gpu", "gpu"):
-        for dtype in (jnp.bfloat16, jnp.float32):
+        for variant, dtype in cases:
             for T in Ts:
                 interpret = False
                 if smoke:
                     interpret = _compat.gpu_interpret_params() if launcher == "mosaic_gpu" else True
-                row = {"launcher": launcher, "dtype": jnp.dtype(dtype).name, "T": T,
+                row = {"launcher": launcher, "variant": variant, "dtype": jnp.dtype(dtype).name, "T": T,
                        "mode": "interpreted" if smoke else "compiled"}
                 try:
                     if launcher == "mosaic_gpu":
                         _compat.reset_gpu_interpreter()
-                    errors = check_variant("chunk", chunk_size=64, dtype=dtype, launcher=launcher,
+                    errors = check_variant(variant, chunk_size=64, dtype=dtype, launcher=launcher,
                                            interpret=interpret, tol=1.0, T=T, **ACCURACY)
                     row["rel_rmse"] = {k: float(e) for k, e in errors.items()}
                 except (TypeError, ValueError) as err:  # the launcher refuses (float32 on Mosaic GPU)
@@ -71,18 +84,22 @@ def accuracy_rows(Ts, smoke: bool):
     return rows
 
 
-def _time_pallas(launcher, mode, T):
+def _time_pallas(name, mode, T, K):
     import jax
     import jax.numpy as jnp
     from pallas_harness import _pallas_bench_inputs
 
-    from gla_ref.pallas import chunk_gla
+    from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla
 
-    p = TIMING
-    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], p["K"], p["V"], p["dtype"], "gla")
+    p, launcher = TIMING, name.split()[-1]
+    gamma = "g_gamma" in name
+    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "const" if gamma else "gla")
 
     def fn(q, k, v, g):
-        return chunk_gla(q, k, v, g, chunk_size=p["chunk"], launcher=launcher, interpret=False)[0]
+        kw = {"chunk_size": p["chunk"], "launcher": launcher, "interpret": False}
+        if gamma:
+            return chunk_simple_gla(q, k, v, g_gamma=g, mode="chunk", **kw)[0]
+        return (fused_chunk_gla if "fused" in name else chunk_gla)(q, k, v, g, **kw)[0]
 
     if mode == "fwd":
         return bench.time_jax(jax.jit(fn), q, k, v, g, warmup=p["warmup"], rep=p["rep"])
@@ -94,22 +111,22 @@ def _time_pallas(launcher, mode, T):
     return bench.time_jax(grads, q, k, v, g, do, warmup=p["warmup"], rep=p["rep"])
 
 
-def _time_triton(mode, T):
+def _time_triton(name, mode, T, K):
     from pallas_harness import _pallas_bench_inputs, _time_triton_on
 
     p = TIMING
-    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], p["K"], p["V"], p["dtype"], "gla")
-    return _time_triton_on("triton chunk_gla", mode, q, k, v, g, do, p["chunk"], p["warmup"], p["rep"], None)
+    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
+    return _time_triton_on(name, mode, q, k, v, g, do, p["chunk"], p["warmup"], p["rep"], None)
 
 
 def timing_rows(Ts):
     rows = []
     for T in Ts:
-        for name in NAMES:
+        for name, K in CASES:
             for mode in ("fwd", "fwd+bwd"):
-                row = {"T": T, "name": f"{name} {mode}"}
+                row = {"T": T, "K": K, "V": K, "name": f"{name} {mode}"}
                 try:
-                    t = _time_triton(mode, T) if name.startswith("triton") else _time_pallas(name.split()[-1], mode, T)
+                    t = (_time_triton if name.startswith("triton") else _time_pallas)(name, mode, T, K)
                     row.update({k: t[k] for k in ("compile_ms", "first_ms", "median_ms", "p20_ms", "p80_ms")})
                 except Exception as err:  # noqa: BLE001 (record it, measure the rest)
                     row["error"] = _error(err)
@@ -138,7 +155,7 @@ def main(argv=None):
         timing = []
     else:
         accuracy, timing = accuracy_rows(args.accuracy_T, smoke=False), timing_rows(args.T)
-    about = ("gla_ref.pallas.chunk_gla on the Mosaic GPU launcher (its four non-fused kernels on Mosaic GPU) and "
+    about = ("gla_ref.pallas paths (chunk_gla, fused_chunk_gla, chunk_simple_gla) on the Mosaic GPU launcher and "
              "on the Triton-backend launcher; accuracy: relative RMSE against the float64 "
              f"recurrence on the same bf16-rounded inputs, {ACCURACY}, chunk 64; timing: {TIMING}, compile_ms "
              "apart (XLA ahead-of-time compile; for Triton its first call)")

@@ -273,7 +273,7 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
         output_final_state: also return the final ``[B, H, K, V]`` float32 state.
         chunk_size: a power of two ≥ 16 (sub-chunks are 16 tokens).
         launcher: ``"tpu"`` (Mosaic), ``"gpu"`` (Triton backend) or ``"mosaic_gpu"`` (Hopper, bfloat16:
-            its four non-fused kernels on Mosaic GPU, not yet chosen by default; :mod:`gla_ref.pallas.mosaic_gpu`);
+            Mosaic GPU kernels, not yet chosen by default; :mod:`gla_ref.pallas.mosaic_gpu`);
             default from ``gla_ref.device``.
         interpret: run in Pallas' interpreter (True, or a ``pltpu.InterpretParams`` for the TPU
             launcher, a Mosaic GPU ``InterpretGPUParams`` for ``"mosaic_gpu"``); default: only when

@@ -1,9 +1,10 @@
-"""Pallas launchers on Mosaic GPU (Hopper, sm_90): the non-fused chunk_gla kernels as warpgroup kernels.
+"""Pallas launchers on Mosaic GPU (Hopper, sm_90): the chunk_gla kernels as warpgroup kernels.
 
 Status (read this first). Checked in the Mosaic GPU interpreter on a CPU and lowered for CUDA
 (``jax.export`` / ``lower(lowering_platforms=("cuda",))``); **not yet run on a GPU**, so it is not
-chosen automatically: ``chunk_gla(..., launcher="mosaic_gpu")`` asks for it. All four kernels of the
-non-fused path are Mosaic GPU kernels, with the layout and the chunk math of the other launchers:
+chosen automatically: ``launcher="mosaic_gpu"`` of ``chunk_gla``, ``fused_chunk_gla`` and
+``chunk_simple_gla`` (g or g_gamma, both modes) asks for it. Every kernel of both paths is a Mosaic GPU
+kernel, with the layout and the chunk math of the other launchers:
 
 * :func:`state_fwd` (the states entering each chunk, ``h``, and the final state) and
   :func:`state_bwd` (the gradient of the state leaving each chunk, ``dso``, and ``dh0``): one
@@ -11,9 +12,21 @@ non-fused path are Mosaic GPU kernels, with the layout and the chunk math of the
 * :func:`chunk_fwd_o` (the output) and :func:`chunk_bwd` (``dq, dk, dv`` and the chunk-local gate
   gradient), one program per chunk: :func:`_output_kernel`, :func:`_grad_kernel`.
 
-The fused path (:func:`fused_fwd`, :func:`fused_bwd`) is not written for Mosaic GPU yet and raises.
+* the fused path, :func:`fused_fwd` (output and final state; no state reaches HBM) and
+  :func:`fused_bwd` (a forward loop for ``dq`` and the gate-gradient rows ``a``, a reverse loop for
+  ``dk, dv, dh0`` and the rows ``c, e``; :func:`gla_ref.pallas.chunk._fused_gate_grad` sums them), is
+  the same sequential kernel with a per-chunk body (:class:`_Loop`, :func:`_fused_body`) that calls
+  the per-chunk kernels' own math (:func:`_chunk_output`, :func:`_chunk_grads`). Its extra tiles are
+  double-buffered with the loop's, which keeps it to ``K ≤ 64`` (:data:`MAX_K_FUSED`).
+
+Scalar gates (``Kg = 1``): ``b`` is broadcast to the ``K`` key columns the tiles have, and the chunk's
+scores are ``(Q Kᵀ) ⊙ D`` with the ``[C, C]`` decay matrix ``D = e^{b_i − b_j}`` (:meth:`_Chunk.decay`):
+one wgmma over the whole chunk, likewise ``dq``, ``dk`` through ``dA ⊙ D``; the gate-gradient terms of
+the key columns are summed (:func:`_gate_width`).
+
 Nothing here is tuned: no warp specialisation, one warpgroup per program, the per-chunk kernels'
-diagonal tiles and gate-gradient sums are loops over the 64 tokens of a chunk in registers.
+diagonal tiles (GLA's per-key gate) and gate-gradient sums are loops over the 64 tokens of a chunk in
+registers; a scalar gate's gradient rows leave the kernels ``K`` wide.
 
 Why the chunk math is not called directly: :mod:`gla_ref.pallas.chunk_math` builds a chunk from
 16-row sub-chunk values and ``dot_general``; on Mosaic GPU every matmul is a ``wgmma`` on SMEM tiles
@@ -62,12 +75,12 @@ names this launcher. Accumulation and states are float32.
 Sizes: ``K`` and ``V`` are padded to powers of two of at least 64 (a 128-byte swizzled row of
 bfloat16, and the ``wgmma`` M of a warpgroup); chunks are 64 tokens (a register tile of a warpgroup
 has a multiple of 64 rows) and ``K ≤ 128``, which keep every kernel's tiles within a Hopper block's
-227 KiB of SMEM (the lowering checks it). The scalar-gate family (``Kg = 1``) is not supported here yet.
+227 KiB of SMEM (the lowering checks it); the fused kernels take ``K ≤ 64`` (about 185 KiB; 265 KiB at
+``K = 128``).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -75,7 +88,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from gla_ref.pallas import _compat, gpu
+from gla_ref.pallas import _compat
 from gla_ref.pallas._launch import Dims
 
 BLOCK_V = 64
@@ -753,11 +766,11 @@ def _fused_body(kind, dtype, scale, scalar):
         C, K = env.b.shape
         q_s, k_s = (env.extra[0], env.x) if kind != "dkv" else (env.x, env.extra[0])
         tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s)
+        q, k = (ops.load(r, W).astype(f32) for r in (q_s, k_s))
         b = ops.load(env.b, W)
         ref_row = tile.ref_rows(b)  # picked from b's registers: no extra copies in the loop
         if kind == "fwd":  # x = k, y = v, extra = (q,); S enters the chunk
             (o_ref,), (hb_s, x_s, y_s, a_s, o_s) = env.outs, env.scratch
-            q, k = (ops.load(r, W).astype(f32) for r in (env.extra[0], env.x))
             o = _chunk_output(tile, q, k, b, S, env.y, ref_row, hb_s, x_s, y_s, a_s, scale)
             mgpu.wait_smem_to_gmem(0)  # the previous chunk's o has left o_s
             o_s[...] = o.astype(dtype)
@@ -767,29 +780,27 @@ def _fused_body(kind, dtype, scale, scalar):
         if kind == "dq":  # x = k, y = v, extra = (q, do); S enters the chunk
             (dq_ref, a_ref), (hb_s, x_s, y_s, a_s, out_s, row_s) = env.outs, env.scratch
             do_s = env.extra[1]
-            q, k = (ops.load(r, W).astype(f32) for r in (env.extra[0], env.x))
             hb_s[...] = S.astype(dtype)
             mgpu.commit_smem()
             dq = _chunk_grads(tile, q, k, b, None, env.y, do_s, ref_row, x_s, y_s, a_s, scale, hb_s=hb_s)[0]
             # a = Σ_v S ⊙ G, G = scale (Q ⊙ e^b)ᵀ dO held as Gᵀ [BV, K] (chunk_math.state_in_term)
             x_s[...] = (q * jnp.exp(b)).astype(dtype)
             mgpu.commit_smem()
-            rows = ((dq_ref, out_s, dq), (a_ref, row_s, jnp.sum(S * (scale * ops.matmul_tn(do_s, x_s, (S.shape[0], K))),
-                                                                 axis=0)))
+            a = jnp.sum(S * (scale * ops.matmul_tn(do_s, x_s, S.shape)), axis=0)
+            results = ((dq_ref, out_s, dq), (a_ref, row_s, a))
         else:  # "dkv": x = q, y = do, extra = (k, v); S is dS, the gradient of the state leaving the chunk
             (dk_ref, dv_ref, c_ref, e_ref), (dsb_s, x_s, y_s, a_s, out_s, dv_s, c_s, e_s) = env.outs, env.scratch
-            q, k = (ops.load(r, W).astype(f32) for r in (env.x, env.extra[0]))
             bC = ops.load(env.bc, W.reduce(0))
             dsb_s[...] = S.astype(dtype)
             mgpu.commit_smem()
             _, dk, dv, kappa, c = _chunk_grads(tile, q, k, b, bC, env.extra[1], env.y, ref_row, x_s, y_s, a_s,
                                                scale, dsb_s=dsb_s, dS=S)
-            rows = ((dk_ref, out_s, dk), (dv_ref, dv_s, dv), (c_ref, c_s, c), (e_ref, e_s, kappa - c))
+            results = ((dk_ref, out_s, dk), (dv_ref, dv_s, dv), (c_ref, c_s, c), (e_ref, e_s, kappa - c))
         mgpu.wait_smem_to_gmem(0)  # the previous chunk's results have left their buffers
-        for ref, buf, value in rows:
+        for ref, buf, value in results:
             buf[...] = value
         mgpu.commit_smem()
-        for ref, buf, _ in rows:
+        for ref, buf, _ in results:
             if ref.ndim == 4:  # dv [B, H, T, V]
                 dst = ref.at[env.ib, env.ih, env.rows, env.cols]
             elif ref.ndim == 5:  # partials [B, H, NV, T, K]
