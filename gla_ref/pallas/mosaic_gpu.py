@@ -75,7 +75,7 @@ names this launcher. Accumulation and states are float32.
 Sizes: ``K`` and ``V`` are padded to powers of two of at least 64 (a 128-byte swizzled row of
 bfloat16, and the ``wgmma`` M of a warpgroup); chunks are 64 tokens (a register tile of a warpgroup
 has a multiple of 64 rows) and ``K ≤ 128``, which keep every kernel's tiles within a Hopper block's
-227 KiB of SMEM (the lowering checks it); the fused kernels take ``K ≤ 64`` (about 185 KiB; 265 KiB at
+227 KiB of SMEM (the lowering checks it); the fused kernels take ``K ≤ 64`` (at most 185 KiB; 257 to 314 KiB at
 ``K = 128``).
 """
 
