@@ -75,6 +75,15 @@ def rounded_inputs(inputs, dtype):
     return {name: None if x is None else np.asarray(x, np.float64) for name, x in as_jax(inputs, dtype).items()}
 
 
+def rounded_cotangents(cotangents, dtype):
+    """Cotangents ``{"o", "final_state"}`` as a kernel of ``dtype`` receives them, in float64 NumPy:
+    the one of o rounded to ``dtype`` (o has q's dtype), the final state's to float32."""
+    import jax.numpy as jnp
+
+    dtypes = {"o": dtype, "final_state": jnp.float32}
+    return {name: np.asarray(jnp.asarray(x, dtypes[name]), np.float64) for name, x in cotangents.items()}
+
+
 def to_numpy(x) -> np.ndarray:
     """Any tensor (PyTorch, JAX, NumPy) as a float64 NumPy array."""
     if hasattr(x, "detach"):

@@ -19,7 +19,7 @@ import pytest
 
 from gla_ref import device, jax_ref
 from gla_ref.pallas import _compat, chunk_gla, chunk_simple_gla, fused_chunk_gla
-from gla_ref.testing import as_jax, random_inputs, rel_rmse, rounded_inputs
+from gla_ref.testing import as_jax, random_inputs, rel_rmse, rounded_cotangents, rounded_inputs
 
 PLATFORM = device.jax_platform()
 # the CPU interpreter's programs are large and run once: skip XLA's slow optimisations
@@ -104,7 +104,7 @@ def check_variant(variant, *, chunk_size=16, final=True, dtype=jnp.float32, scal
     are the kernel's, not those of rounding its inputs (:func:`gla_ref.testing.rounded_inputs`)."""
     x, cot = make_inputs(variant, **shape)
     x = rounded_inputs(x, dtype)
-    cot = {"o": np.asarray(jnp.asarray(cot["o"], dtype), np.float64), "final_state": cot["final_state"]}
+    cot = rounded_cotangents(cot, dtype)
     r64, r32 = reference(x, cot, final, scale)
     call = VARIANTS[variant][1]
     out = _vjp_all(lambda *a, **kw: call(*a, chunk_size=chunk_size, scale=scale, launcher=launcher,

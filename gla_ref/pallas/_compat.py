@@ -83,11 +83,14 @@ def tpu_interpret_params(*, detect_races: bool = True, random_seed: int | None =
     tpu = pltpu()
     if not hasattr(tpu, "InterpretParams"):
         return None
-    wanted = {"detect_races": detect_races, "uninitialized_memory": "nan",
-              "out_of_bounds_reads": "raise", "random_seed": random_seed,
-              "num_cores_or_threads": num_cores}
-    known = inspect.signature(tpu.InterpretParams).parameters
-    return tpu.InterpretParams(**{k: v for k, v in wanted.items() if k in known})
+    return _with_known_options(tpu.InterpretParams, detect_races=detect_races, uninitialized_memory="nan",
+                               out_of_bounds_reads="raise", random_seed=random_seed, num_cores_or_threads=num_cores)
+
+
+def _with_known_options(cls, **wanted):
+    """``cls(**wanted)`` with only the options this JAX's ``cls`` takes (they grew over releases)."""
+    known = inspect.signature(cls).parameters
+    return cls(**{k: v for k, v in wanted.items() if k in known})
 
 
 def reset_tpu_interpreter() -> None:
@@ -143,11 +146,7 @@ def gpu_interpret_params(*, detect_races: bool = True):
             from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as cls
         except ImportError:
             return None
-    wanted = {"detect_races": detect_races, "uninitialized_memory": "nan", "out_of_bounds_reads": "raise"}
-    import dataclasses
-
-    known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in wanted.items() if k in known})
+    return _with_known_options(cls, detect_races=detect_races, uninitialized_memory="nan", out_of_bounds_reads="raise")
 
 
 def reset_gpu_interpreter() -> None:
