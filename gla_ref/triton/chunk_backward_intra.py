@@ -15,9 +15,11 @@ The chunk is cut into sub-chunks of c tokens. For a query sub-chunk [s] and an e
 
 one c × c by c × BK tensor-core matmul per [u]; dk of a key sub-chunk from a later query sub-chunk
 splits at gc_e, e the last row of the key sub-chunk. The diagonal c × c tile of each sub-chunk has no
-split point: it runs in float32 log space, one column j at a time, and one exponential serves both
-sides, since for a row r of the tile and its column j, ``gc_r − gc_j ≤ 0`` when r ≥ j (dq) and
-``gc_j − gc_r ≤ 0`` when r ≤ j (dk). (In the code, ``i_i`` is the program's own sub-chunk.)
+split point: it runs in float32, one column j at a time, with the decays kept as running products
+(as the forward's :func:`chunk_intra._diagonal_tile` does): the dq side walks its columns down,
+E_j = E_{j+1} · exp(gc_{j+1} − gc_j), the dk side walks its rows up, F_j = F_{j−1} · exp(gc_j − gc_{j−1}),
+every factor ≤ 1, so the tile costs 2·c·BK exponentials instead of c²·BK. (In the code, ``i_i`` is
+the program's own sub-chunk.)
 
 Grid ``(⌈K/BK⌉ · C/c, ⌈T/C⌉, B·H)``: a program owns sub-chunk i of one chunk and one key block, i.e.
 the ``c × BK`` tiles of dq and dk. HBM: the rows of dA touching sub-chunk i (c × C and C × c), and
@@ -99,25 +101,52 @@ def _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H: tl.co
 
 
 @triton.jit
-def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, r, b_g, i_n, i_i, T, o_k, m_k,
-                   H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, UNROLL: tl.constexpr):
-    """Adds the diagonal tile, one column j at a time in float32:
-    dq_r += dA[r, j] k_j e_rj for r ≥ j and dk_r += dA[j, r] q_j e_rj for r ≤ j, e_rj = exp(−|gc_r − gc_j|)."""
+def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, i_n, i_i, T, o_k, m_k,
+                   H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
+                   UNROLL: tl.constexpr):
+    """Adds the diagonal tile in float32, the decays kept as running products (every factor ≤ 1):
+
+    dq_r += Σ_{j ≤ r} dA[r, j] k_j ⊙ E_j[r],  E_j[r] = exp(gc_r − gc_j) = E_{j+1}[r] · exp(gc_{j+1} − gc_j),
+    dk_r += Σ_{j ≥ r} dA[j, r] q_j ⊙ F_j[r],  F_j[r] = exp(gc_j − gc_r) = F_{j−1}[r] · exp(gc_j − gc_{j−1}),
+
+    with E_j[j] = F_j[j] = 1 and rows outside r ≥ j (E) or r ≤ j (F) zero. One loop of c steps walks
+    the dq columns down (j = c−1 … 0) and the dk rows up (j = 0 … c−1) together. A step costs 2·BK
+    exponentials (one gc difference per side: 2·c·BK for the tile, where exponentiating every
+    difference gc_r − gc_j costs c²·BK), two ``c × BK`` tile updates and two accumulations, and loads
+    the rows it consumes: k_j and gc_j for the dq side, q_j and gc_j for the dk side (contiguous
+    BK-wide rows: the gc rows were just loaded as the tile ``b_g``, the k and q rows are read only
+    here; picking a row out of a register tile instead would cost a masked ``c × BK`` reduction).
+    The program's ``c × c`` block of dA is loaded once, as a tile; its column (dq side) and row
+    (dk side) are picked out by masked ``c × c`` reductions, c² ≪ c·BK."""
     o_c = tl.arange(0, c)
-    for j in tl.range(c, loop_unroll_factor=UNROLL):
-        t_j = i_n * C + i_i * c + j
-        real = t_j < T                       # else a padding row: read at T − 1, zeroed by tl.where
-        p_j = base_k + tl.minimum(t_j, T - 1) * (H * K) + o_k
-        b_kj = tl.where(real, tl.load(k + p_j, mask=m_k, other=0.0).to(tl.float32), 0.0)
-        b_qj = tl.where(real, tl.load(q + p_j, mask=m_k, other=0.0).to(tl.float32), 0.0)
-        b_gj = tl.load(gc + p_j, mask=m_k, other=0.0)
-        dA_rj = tl.load(dA + base_A + t * (H * C) + i_i * c + j, mask=m_t, other=0.0)
-        dA_jr = tl.where(real, tl.load(dA + base_A + tl.minimum(t_j, T - 1) * (H * C) + r), 0.0)
-        lower = (o_c >= j)[:, None]
-        diff = b_g - b_gj[None, :]
-        b_e = tl.exp(tl.where(lower, diff, -diff))   # one exponential, ≤ 0 on both sides of the diagonal
-        b_dq += tl.where(lower, dA_rj[:, None] * b_kj[None, :] * b_e, 0.0)
-        b_dk += tl.where((o_c <= j)[:, None], dA_jr[:, None] * b_qj[None, :] * b_e, 0.0)
+    p = i_n * C + i_i * c                    # the tile's first token
+    b_dA = tl.load(dA + base_A + t[:, None] * (H * C) + (i_i * c + o_c)[None, :], mask=m_t[:, None],
+                   other=0.0)                # dA[p + r, p + j]; rows past T are 0
+    b_E = tl.zeros([c, BK], dtype=tl.float32)
+    b_F = tl.zeros([c, BK], dtype=tl.float32)
+    g_hi = tl.load(gc + base_k + (tl.minimum(p + c, T) - 1) * (H * K) + o_k, mask=m_k, other=0.0)
+    g_lo = tl.load(gc + base_k + tl.minimum(p, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)  # meet zero tiles
+    for jj in tl.range(c, loop_unroll_factor=UNROLL):
+        # dq side, column jd walking down (rows past T: gc repeats row T − 1, k is 0)
+        jd = c - 1 - jj
+        t_d = p + jd
+        p_d = base_k + tl.minimum(t_d, T - 1) * (H * K) + o_k
+        g_d = tl.load(gc + p_d, mask=m_k, other=0.0)
+        b_kd = tl.load(k + p_d, mask=m_k & (t_d + 0 * o_k < T), other=0.0).to(tl.float32)
+        b_E = b_E * tl.exp(g_hi - g_d)[None, :] + (o_c[:, None] == jd).to(tl.float32)
+        dA_col = tl.sum(tl.where(o_c[None, :] == jd, b_dA, 0.0), axis=1)      # dA[p + r, p + jd]
+        b_dq += dA_col[:, None] * b_E * b_kd[None, :]
+        g_hi = g_d
+        # dk side, row ju walking up
+        ju = jj
+        t_u = p + ju
+        p_u = base_k + tl.minimum(t_u, T - 1) * (H * K) + o_k
+        g_u = tl.load(gc + p_u, mask=m_k, other=0.0)
+        b_qu = tl.load(q + p_u, mask=m_k & (t_u + 0 * o_k < T), other=0.0).to(tl.float32)
+        b_F = b_F * tl.exp(g_u - g_lo)[None, :] + (o_c[:, None] == ju).to(tl.float32)
+        dA_row = tl.sum(tl.where(o_c[:, None] == ju, b_dA, 0.0), axis=0)      # dA[p + ju, p + r]
+        b_dk += dA_row[:, None] * b_F * b_qu[None, :]
+        g_lo = g_u
     return b_dq, b_dk
 
 
@@ -142,8 +171,8 @@ def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, H
     b_dq = _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
     b_dk = _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
 
-    b_dq, b_dk = _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, r, b_g, i_n, i_i, T,
-                                o_k, m_k, H, K, C, c, UNROLL)
+    b_dq, b_dk = _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, i_n, i_i, T,
+                                o_k, m_k, H, K, C, c, BK, UNROLL)
     store_rows(dq + base_k, b_dq, t, m_t, o_k, m_k, H * K)
     store_rows(dk + base_k, b_dk, t, m_t, o_k, m_k, H * K)
 
