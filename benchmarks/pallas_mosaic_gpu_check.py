@@ -2,6 +2,7 @@
 
     python benchmarks/pallas_mosaic_gpu_check.py                 # H100/H200: accuracy, then timing
     python benchmarks/pallas_mosaic_gpu_check.py --T 4096 8192   # timing lengths (default 4096 8192 16384)
+    python benchmarks/pallas_mosaic_gpu_check.py --kernels --T 4096  # each kernel alone, both launchers
     python benchmarks/pallas_mosaic_gpu_check.py --smoke         # any machine: interpreter accuracy, no timing
 
 Accuracy: every Pallas path (:data:`VARIANTS`: ``chunk_gla``, ``fused_chunk_gla`` and
@@ -135,11 +136,59 @@ def timing_rows(Ts):
     return rows
 
 
+KERNEL_STEPS = ("state_fwd", "chunk_fwd_o", "state_bwd", "chunk_bwd")
+"""The four kernels of the non-fused path (gla_ref.pallas.chunk: forward state_fwd then chunk_fwd_o;
+backward state_fwd again, state_bwd, chunk_bwd), each timed alone by ``--kernels``."""
+
+
+def kernel_rows(T, K):
+    """One row per (launcher, kernel) of the non-fused ``chunk_gla`` at B=8, H=16, K=V=``K``, bf16: each
+    kernel jitted alone on the inputs the custom VJP gives it (kernel layout ``[B, H, T, D]``, the
+    chunk-local cumulative gates), so the time of a step is read per kernel, not guessed from the total."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from pallas_harness import _pallas_bench_inputs
+
+    from gla_ref.pallas import chunk as pchunk
+    from gla_ref.pallas import gpu, mosaic_gpu
+
+    p = TIMING
+    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
+    qp, kp, vp, dop = (pchunk._to_kernel_layout(x, T, K) for x in (q, k, v, do))
+    b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"])
+    C, scale, rows = p["chunk"], K ** -0.5, []
+    for name, L in (("mosaic_gpu", mosaic_gpu), ("gpu", gpu)):
+        kw = {"chunk": C, "interpret": False}
+        h = jax.jit(functools.partial(L.state_fwd, want_final=False, **kw))(kp, vp, b, None)[0]
+        dso = jax.jit(functools.partial(L.state_bwd, scale=scale, want_dh0=False, **kw))(qp, b, dop, None)[0]
+        steps = {
+            "state_fwd": (functools.partial(L.state_fwd, want_final=False, **kw), (kp, vp, b, None)),
+            "chunk_fwd_o": (functools.partial(L.chunk_fwd_o, scale=scale, **kw), (qp, kp, vp, b, h)),
+            "state_bwd": (functools.partial(L.state_bwd, scale=scale, want_dh0=False, **kw), (qp, b, dop, None)),
+            "chunk_bwd": (functools.partial(L.chunk_bwd, scale=scale, **kw), (qp, kp, vp, b, dop, h, dso)),
+        }
+        for step in KERNEL_STEPS:
+            fn, args = steps[step]
+            row = {"T": T, "K": K, "V": K, "launcher": name, "kernel": step}
+            try:
+                t = bench.time_jax(jax.jit(fn), *args, warmup=p["warmup"], rep=p["rep"])
+                row.update({k: t[k] for k in ("compile_ms", "median_ms", "p20_ms", "p80_ms")})
+            except Exception as err:  # noqa: BLE001 (record it, measure the rest)
+                row["error"] = _error(err)
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--T", type=int, nargs="+", default=[4096, 8192, 16384], help="timing lengths")
     parser.add_argument("--accuracy-T", type=int, nargs="+", default=[256, 2048])
     parser.add_argument("--smoke", action="store_true", help="interpreter accuracy at T=80 only, no timing")
+    parser.add_argument("--kernels", action="store_true",
+                        help="instead: time each kernel of the non-fused path alone (both launchers, K=V=128 and 64, the first T)")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args(argv)
     import jax
@@ -153,13 +202,17 @@ def main(argv=None):
         with jax.default_device(jax.devices("cpu")[0]):
             accuracy = accuracy_rows([80], smoke=True)
         timing = []
+    elif args.kernels:
+        accuracy, timing = [], []
     else:
         accuracy, timing = accuracy_rows(args.accuracy_T, smoke=False), timing_rows(args.T)
+    kernels = [row for K in (128, 64) for row in kernel_rows(args.T[0], K)] if args.kernels else []
     about = ("gla_ref.pallas paths (chunk_gla, fused_chunk_gla, chunk_simple_gla) on the Mosaic GPU launcher and "
              "on the Triton-backend launcher; accuracy: relative RMSE against the float64 "
              f"recurrence on the same bf16-rounded inputs, {ACCURACY}, chunk 64; timing: {TIMING}, compile_ms "
              "apart (XLA ahead-of-time compile; for Triton its first call)")
-    result = {"env": bench.environment(), "about": about, "accuracy": accuracy, "rows": timing}
+    result = {"env": bench.environment(), "about": about, "accuracy": accuracy, "rows": timing,
+              "kernels": kernels}
     path = bench.write_result(result, "pallas_mosaic_gpu", ROOT / "benchmarks" / "results", args.out,
                               smoke=args.smoke)
     print("wrote", path)

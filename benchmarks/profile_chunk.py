@@ -1,6 +1,6 @@
 """Where the time of chunk GLA goes: CUDA time per kernel of our ``chunk_gla`` and FLA's, forward+backward.
 
-Run on a CUDA GPU: ``python benchmarks/profile_chunk.py [--T 4096] [--out PATH]``. Each implementation runs a
+Run on a CUDA GPU: ``python benchmarks/profile_chunk.py [--T 4096] [--only chunk_gla] [--out PATH]``. Each implementation runs a
 few warm-up steps (autotuning happens there), then ``torch.profiler`` records ``--steps`` forward+backward
 steps; the CUDA time of every kernel is summed over them and divided by the step count. Writes
 ``benchmarks/results/chunk_profile_<device>.json`` (stamped with device, versions, date) and prints a table.
@@ -26,16 +26,19 @@ from gla_ref.triton import chunk_gla  # noqa: E402
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
-def implementations():
-    """name -> function(q, k, v, g) -> o."""
+def implementations(only=None):
+    """name -> function(q, k, v, g) -> o; ``only``: the names to keep (default all; FLA is not imported
+    when it is left out, which saves its first call's minutes of autotuning)."""
     runs = {"chunk_gla": lambda q, k, v, g: chunk_gla(q, k, v, g)[0]}
+    if only and "fla.chunk_gla" not in only:
+        return {name: run for name, run in runs.items() if name in only}
     try:
         from fla.ops.gla import chunk_gla as fla_chunk_gla
 
         runs["fla.chunk_gla"] = lambda q, k, v, g: fla_chunk_gla(q, k, v, g)[0]
     except ImportError as err:
         print(f"FLA not available ({err}); profiling ours only")
-    return runs
+    return {name: run for name, run in runs.items() if not only or name in only}
 
 
 def kernel_times(fn, inputs, steps):
@@ -66,6 +69,8 @@ def main():
     parser.add_argument("--T", type=int, nargs="+", default=[4096])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=pathlib.Path)
+    parser.add_argument("--only", nargs="+", choices=("chunk_gla", "fla.chunk_gla"),
+                        help="implementations to profile (default both)")
     args = parser.parse_args()
     bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
     B, H, K, V = 8, 16, 128, 128
@@ -75,7 +80,7 @@ def main():
     rows = []
     for T in args.T:
         inputs = make_inputs(B, T, H, K, V, "gla")
-        for name, fn in implementations().items():
+        for name, fn in implementations(args.only).items():
             kernels = kernel_times(fn, inputs, args.steps)
             rows.append({"T": T, "name": name, "total_ms": sum(kernels.values()), "kernels_ms": kernels})
             print(f"\nT={T} {name}: {sum(kernels.values()):.3f} ms per fwd+bwd step", flush=True)

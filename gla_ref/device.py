@@ -36,12 +36,22 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-@lru_cache(maxsize=None)
-def jax_platform() -> str:
-    """JAX's default platform: ``"gpu"``, ``"tpu"`` or ``"cpu"``."""
+def jax_default_device():
+    """The device JAX puts new arrays on: the one a ``jax.default_device(...)`` context (or the
+    ``jax_default_device`` setting) names, else the default backend's first device. Not cached: a
+    ``jax.default_device`` context can change it between calls."""
     import jax
 
-    return jax.default_backend()
+    dev = jax.config.jax_default_device
+    if isinstance(dev, str):
+        return jax.devices(dev)[0]
+    return jax.devices()[0] if dev is None else dev
+
+
+def jax_platform() -> str:
+    """The platform of :func:`jax_default_device`: ``"gpu"``, ``"tpu"`` or ``"cpu"``. Inside
+    ``jax.default_device(jax.devices("cpu")[0])`` on a GPU machine this is ``"cpu"``."""
+    return jax_default_device().platform
 
 
 def torch_device() -> str:

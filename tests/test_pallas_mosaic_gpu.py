@@ -86,7 +86,9 @@ def test_kernels_match_the_triton_backend_kernels():
     """Each of the four Mosaic GPU kernels gives what the Triton-backend kernel gives on the same inputs
     (same layout, same formulas, exponents and bf16 roundings at the same places) to float32
     rounding: the interpreter's wgmma of bf16 tiles is exact products summed in float32, as on the
-    tensor cores. Two chunks, random states (two value blocks: test_small_shapes_against_float64)."""
+    tensor cores. Two chunks, random states (two value blocks: test_small_shapes_against_float64). The
+    per-chunk kernels run their exact form (diagonal tiles one key at a time in float32, as the Triton-backend
+    kernels do); the fast form is checked against float64 by the other tests."""
     from gla_ref.pallas import gpu
 
     rng = np.random.default_rng(3)
@@ -97,14 +99,19 @@ def test_kernels_match_the_triton_backend_kernels():
     b = jnp.cumsum(g.reshape(B, H, T // C, C, K), axis=3).reshape(B, H, T, K)
     h0 = jnp.asarray(rng.standard_normal((B, H, V, K)), jnp.float32)
     hs, dso = (jnp.asarray(rng.standard_normal((B, H, T // C, V, K)), jnp.float32) for _ in range(2))
+
+    def exact(L):
+        return {"exact": True} if L is mgpu_launcher else {}
+
     calls = {
         "state_fwd": lambda L, i: L.state_fwd(k, v, b, h0, chunk=C, want_final=True, interpret=i),
         "state_bwd": lambda L, i: L.state_bwd(q, b, do, h0, chunk=C, scale=0.25, want_dh0=True, interpret=i),
-        "chunk_fwd_o": lambda L, i: (L.chunk_fwd_o(q, k, v, b, hs, chunk=C, scale=0.25, interpret=i),),
-        "chunk_bwd": lambda L, i: L.chunk_bwd(q, k, v, b, do, hs, dso, chunk=C, scale=0.25, interpret=i),
-        "fused_fwd": lambda L, i: L.fused_fwd(q, k, v, b, h0, chunk=C, scale=0.25, want_final=True, interpret=i),
+        "chunk_fwd_o": lambda L, i: (L.chunk_fwd_o(q, k, v, b, hs, chunk=C, scale=0.25, interpret=i, **exact(L)),),
+        "chunk_bwd": lambda L, i: L.chunk_bwd(q, k, v, b, do, hs, dso, chunk=C, scale=0.25, interpret=i, **exact(L)),
+        "fused_fwd": lambda L, i: L.fused_fwd(q, k, v, b, h0, chunk=C, scale=0.25, want_final=True, interpret=i,
+                                              **exact(L)),
         "fused_bwd": lambda L, i: L.fused_bwd(q, k, v, b, do, h0, h0, chunk=C, scale=0.25, want_dh0=True,
-                                              interpret=i),
+                                              interpret=i, **exact(L)),
     }
     for name, call in calls.items():
         with _interpreter() as params:
@@ -120,6 +127,31 @@ def test_kernels_match_the_triton_backend_kernels():
             out, ref = (np.asarray(x, np.float64) for x in (out, ref))
             err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
             assert err < tol, f"{name} output {i}: {err:.1e} from the Triton-backend kernel"
+
+
+@pytest.mark.parametrize("variant", ["chunk", "fused"])
+def test_steep_gates_take_the_exact_diagonal_tiles(variant):
+    """Gates log σ(x)/0.1 (about −7 nats a token, over 64 in a 16-token sub-chunk) fail gentle_gates, so
+    lax.cond runs the exact form of the diagonal tiles; still within 5e-3 of float64 in bf16."""
+    x, _ = make_inputs(variant, B=1, T=128, H=1, K=64, V=64, tau=0.1)
+    b = jnp.cumsum(jnp.swapaxes(jnp.asarray(x["g"], jnp.float32), 1, 2).reshape(1, 1, 2, 64, 64), axis=3)
+    assert not bool(mgpu_launcher.gentle_gates(b.reshape(1, 1, 128, 64)))
+    with _interpreter() as params:
+        check_variant(variant, chunk_size=64, dtype=bf16, launcher="mosaic_gpu", interpret=params, tol=5e-3,
+                      B=1, T=128, H=1, K=64, V=64, tau=0.1)
+
+
+def test_gentle_gates_bounds_the_decay_inside_each_sub_chunk():
+    """The fast form's condition: the first row minus the last of every 16-token sub-chunk at most
+    SAFE_DECAY, a decay across two sub-chunks not counted; a NaN gate (NaN in b from its token on) is not gentle."""
+    b = jnp.zeros((1, 1, 64, 2), jnp.float32)
+    step = mgpu_launcher.SAFE_DECAY / 15
+    ramp = -step * jnp.arange(16.0)                       # one sub-chunk decaying by exactly SAFE_DECAY
+    assert bool(mgpu_launcher.gentle_gates(b.at[0, 0, 16:32, 1].set(ramp)))
+    assert not bool(mgpu_launcher.gentle_gates(b.at[0, 0, 16:32, 1].set(ramp * 1.01)))
+    cliff = b.at[0, 0, 32:, 0].set(-1e4)                  # a fall of 1e4 between sub-chunks, none inside
+    assert bool(mgpu_launcher.gentle_gates(cliff))
+    assert not bool(mgpu_launcher.gentle_gates(b.at[0, 0, 5:, 0].set(jnp.nan)))
 
 
 def test_an_invalid_gate_makes_the_output_nan_from_its_chunk_on():
@@ -187,7 +219,8 @@ def test_lowers_for_cuda(fused, gate, B, T, H, K, V):
     TMA copy, wgmma shape and the SMEM budget (227 KiB a block). The non-fused forward is two Mosaic GPU
     kernels (states, output), its VJP five (those two, the states recomputed in the backward, the
     state gradients, the chunk gradients); the fused forward is one, its VJP three (forward, the dq loop,
-    the reverse dk, dv loop); no Triton-backend kernel is left."""
+    the reverse dk, dv loop); no Triton-backend kernel is left. A per-key gate's per-chunk kernels come
+    twice, in the fast and the exact form of their diagonal tiles (lax.cond on gentle_gates)."""
     sds = jax.ShapeDtypeStruct
     mode = "fused" if fused else "chunk"
     call = {"gla": fused_chunk_gla if fused else chunk_gla,
@@ -207,12 +240,13 @@ def test_lowers_for_cuda(fused, gate, B, T, H, K, V):
     with _compat.abstract_gpu("NVIDIA H100"):
         forward, both = (jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
                          for f in (fwd, fwd_bwd))
+    forms = 2 if gate == "gla" else 1
     if fused:
         names = ("gla_fused_fwd_mgpu", "gla_fused_bwd_dq_mgpu", "gla_fused_bwd_dkv_mgpu")
-        assert _mosaic_calls(forward) == 1 and _mosaic_calls(both) == 3
+        assert _mosaic_calls(forward) == forms and _mosaic_calls(both) == 3 * forms
     else:
         names = ("gla_state_fwd_mgpu", "gla_chunk_fwd_o_mgpu", "gla_state_bwd_mgpu", "gla_chunk_bwd_mgpu")
-        assert _mosaic_calls(forward) == 2 and _mosaic_calls(both) == 5
+        assert _mosaic_calls(forward) == 1 + forms and _mosaic_calls(both) == 3 + 2 * forms
     for name in names:
         assert name in both, name
     assert "__gpu$xla.gpu.triton" not in both
@@ -237,6 +271,7 @@ def test_benchmark_script_smoke(tmp_path):
     for variant in ("fused",):
         mosaic, triton = (rows[launcher, variant, "bfloat16"]["rel_rmse"] for launcher in ("mosaic_gpu", "gpu"))
         assert set(mosaic) == {"o", "final_state", "dq", "dk", "dv", "dg", "dh0"}
-        # the same formulas and bf16 roundings: a thousandth apart, where bf16 rounding alone is 1e-4 or more
-        assert all(1e-4 < mosaic[n] <= 5e-3 and abs(mosaic[n] - triton[n]) <= 1e-3 * triton[n] for n in mosaic), \
+        # the same formulas, and in the fast form of the diagonal tiles one more bf16 rounding (their wgmma
+        # operands): within half again the Triton-backend launcher's error, where bf16 rounding alone is 1e-4
+        assert all(1e-4 < mosaic[n] <= 5e-3 and mosaic[n] <= 1.5 * triton[n] for n in mosaic), \
             (variant, mosaic, triton)

@@ -169,9 +169,13 @@ def gpu_interpreter_reads_transposed_refs() -> bool:
 
 
 def mosaic_gpu_runs_here() -> bool:
-    """True on a Hopper GPU (compute capability 9.0) with a JAX that has Pallas' Mosaic GPU backend."""
+    """True when JAX's default device (:func:`gla_ref.device.jax_default_device`, so not inside a
+    ``jax.default_device`` context naming the CPU) is a Hopper GPU (compute capability 9.0) and this JAX
+    has Pallas' Mosaic GPU backend."""
+    from gla_ref.device import jax_default_device
+
     try:
-        dev = jax.devices()[0]
+        dev = jax_default_device()
         mosaic_gpu()
     except (RuntimeError, ImportError):
         return False

@@ -377,11 +377,16 @@ class _Chunk:
 
     ``scalar``: the gate is one number per token (``b``'s columns are equal, :func:`_per_key`), so the
     chunk's decay is the ``[C, C]`` matrix ``D`` of :meth:`decay` and its scores ``(Q Kᵀ) ⊙ D`` are one wgmma
-    of the SMEM tiles ``q_s, k_s`` (bf16) for the whole chunk: no sub-chunks, no loop over keys."""
+    of the SMEM tiles ``q_s, k_s`` (bf16) for the whole chunk: no sub-chunks, no loop over keys.
 
-    def __init__(self, ops, C, K, dtype, scalar=False, q_s=None, k_s=None):
+    ``exact``: how the diagonal ``16 × 16`` tiles of a per-key gate are formed. True: one key at a time in
+    float32 (every exponent ≤ 0, any valid gate). False (the fast form, :func:`gentle_gates`): inside the
+    masked wgmma of their sub-chunk I, whose key operand then also takes I's own tokens, scaled by
+    ``e^{r_I − b_j} ≥ 1``, at most ``e^{SAFE_DECAY}`` (the causal mask drops ``j > i`` afterwards)."""
+
+    def __init__(self, ops, C, K, dtype, scalar=False, q_s=None, k_s=None, exact=True):
         self.ops, self.C, self.K, self.dtype = ops, C, K, dtype
-        self.scalar, self.q_s, self.k_s = scalar, q_s, k_s
+        self.scalar, self.q_s, self.k_s, self.exact = scalar, q_s, k_s, exact
         W = ops.mgpu.Layout.WGMMA
         self.row = ops.cast(lax.broadcasted_iota(jnp.int32, (C, K), 0), W)  # token of each element
         self.col = ops.cast(lax.broadcasted_iota(jnp.int32, (C, K), 1), W)  # key column of each element
@@ -396,27 +401,38 @@ class _Chunk:
         """Row ``j`` of ``x [C, K]`` as ``[K]``, by a one-hot sum (exact)."""
         return jnp.sum(jnp.where(self.row == j, x, 0.0), axis=0)
 
+    def sub_chunks(self):
+        """The sub-chunks I whose masked wgmma runs: those with keys before them (I ≥ 1), and in the
+        fast form also the first, whose only tile is its diagonal one."""
+        return range(1 if self.exact else 0, self.C // 16)
+
+    def key_end(self, I):
+        """The first key outside sub-chunk I's wgmma: ``16 I`` (tiles J < I), or in the fast form
+        ``16 I + 16`` (its diagonal tile too)."""
+        return 16 * I + (0 if self.exact else 16)
+
     def masks(self, I):
-        """Tokens of sub-chunk I, and tokens before it."""
-        return (self.row >= 16 * I) & (self.row < 16 * I + 16), self.row < 16 * I
+        """Tokens of sub-chunk I (the queries of its wgmma), and the keys of its wgmma (:meth:`key_end`)."""
+        return (self.row >= 16 * I) & (self.row < 16 * I + 16), self.row < self.key_end(I)
 
     def same_tile(self, j):
         """Tokens ``i ≥ j`` in key ``j``'s sub-chunk (the rows of its diagonal tile)."""
         return (self.row >= j) & (self.row < (j // 16) * 16 + 16)
 
     def ref_operands(self, I, q, k, b, r):
-        """``Q_I ⊙ e^{b − r_I}`` (rows of sub-chunk I, else 0) and ``K ⊙ e^{r_I − b}`` (tokens before it,
-        else 0), float32: the operands of the off-diagonal tiles ``A_IJ, J < I``; exponents ≤ 0."""
+        """``Q_I ⊙ e^{b − r_I}`` (rows of sub-chunk I, else 0) and ``K ⊙ e^{r_I − b}`` (the keys of
+        :meth:`masks`, else 0), float32: the operands of the tiles ``A_IJ``; exponents ≤ 0, except
+        ``r_I − b_j`` for I's own keys in the fast form (at most SAFE_DECAY)."""
         mine, before = self.masks(I)
         return (jnp.where(mine, q * jnp.exp(jnp.where(mine, b - r, 0.0)), 0.0),
                 jnp.where(before, k * jnp.exp(jnp.where(before, r - b, 0.0)), 0.0))
 
     def ref_rows(self, b, r_s=None):
-        """``I ↦ r_I [K]``, the first row of sub-chunk I: loaded from ``r_s`` (its rows ``I − 1``, copied by
-        TMA), or picked out of ``b``'s registers (exact) where no such copy was made."""
+        """``I ↦ r_I [K]``, the first row of sub-chunk I: loaded from ``r_s`` (row I, copied by TMA), or
+        picked out of ``b``'s registers (exact) where no such copy was made."""
         if r_s is None:
             return lambda I: self.pick(b, 16 * I)
-        return lambda I: self.ops.load(r_s.at[I - 1], self.ops.mgpu.Layout.WGMMA.reduce(0))
+        return lambda I: self.ops.load(r_s.at[I], self.ops.mgpu.Layout.WGMMA.reduce(0))
 
     def decay(self, b):
         """Scalar gates: ``D[i, j] = e^{b_i − b_j}`` for ``i ≥ j``, else 0 (float32 ``[C, C]``; exponents ≤ 0),
@@ -430,19 +446,22 @@ class _Chunk:
         return jnp.where(causal, jnp.exp(jnp.where(causal, square - lax.broadcast_in_dim(b_j, (C, C), [1]), 0.0)), 0.0)
 
     def scores(self, q, k, b, ref_row, x_s, y_s):
-        """The chunk's causal scores without the scale, float32 ``[C, C]``: off-diagonal tiles by one
-        masked wgmma per reference row (``ref_row``, :meth:`ref_rows`), diagonal tiles one key column at a time;
-        for a scalar gate ``(Q Kᵀ) ⊙ D``, one wgmma."""
+        """The chunk's causal scores without the scale, float32 ``[C, C]``: one masked wgmma per reference row
+        (``ref_row``, :meth:`ref_rows`) for the tiles of :meth:`masks`, then the diagonal tiles one key column
+        at a time (``exact``) or the causal mask (the fast form, whose wgmmas made them); for a scalar gate
+        ``(Q Kᵀ) ⊙ D``, one wgmma."""
         ops, mgpu, C = self.ops, self.ops.mgpu, self.C
         if self.scalar:
             return ops.matmul_nt(self.q_s, self.k_s, (C, C)) * self.decay(b)
         A = ops.cast(jnp.zeros((C, C), jnp.float32), mgpu.Layout.WGMMA)
-        for I in range(1, C // 16):
+        for I in self.sub_chunks():
             xq, xk = self.ref_operands(I, q, k, b, self.rows(ref_row(I)))
             x_s[...] = xq.astype(self.dtype)
             y_s[...] = xk.astype(self.dtype)
             mgpu.commit_smem()
             A = A + ops.matmul_nt(x_s, y_s, (C, C))
+        if not self.exact:
+            return jnp.where(self.srow >= self.scol, A, 0.0)
 
         def column(j, A):
             same = self.same_tile(j)
@@ -468,7 +487,7 @@ def _chunk_output(tile, q, k, b, S, v_s, ref_row, hb_s, x_s, y_s, a_s, scale):
     return scale * inter + ops.matmul(a_s, v_s, (C, BV))
 
 
-def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False):
+def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True):
     """One chunk's output ``O = scale (Q ⊙ e^{b}) S + A V`` (one program per chunk and value block).
 
     ``A``, the chunk's causal scores, is assembled in float32 registers: the off-diagonal 16-row tiles
@@ -494,14 +513,14 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False):
         mgpu.copy_gmem_to_smem(v_ref.at[ib, ih, rows, cols], v_s, ready.at[0])
         mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, rows], b_s, ready.at[0])
         mgpu.copy_gmem_to_smem(h_ref.at[ib, ih, n, cols], h_s, ready.at[0])
-        for I in range(1, n_sub):
-            mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C + 16 * I], r_s.at[I - 1], ready.at[0])
+        for I in range(n_sub):
+            mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C + 16 * I], r_s.at[I], ready.at[0])
         mgpu.barrier_wait(ready.at[0])
 
         q = ops.load(q_s, W).astype(f32)
         k = ops.load(k_s, W).astype(f32)
         b = ops.load(b_s, W)
-        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s)
+        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s, exact)
         o = _chunk_output(tile, q, k, b, ops.load(h_s, W), v_s, tile.ref_rows(b, r_s), hb_s, x_s, y_s, a_s, scale)
         o_s[...] = o.astype(o_s.dtype)
         mgpu.commit_smem()
@@ -514,14 +533,14 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False):
         mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),
         mgpu.SMEM((C, K), f32, transforms=sw(f32, K)),
-        mgpu.SMEM((max(1, n_sub - 1), K), f32),
+        mgpu.SMEM((n_sub, K), f32),
         mgpu.SMEM((BV, K), f32, transforms=sw(f32, K)),
         mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),
         mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),
         mgpu.SMEM((BV, K), dtype, transforms=sw(dtype, K)),
         mgpu.SMEM((C, C), dtype, transforms=sw(dtype, C)),
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),
-        mgpu.Barrier(num_arrivals=5 + n_sub - 1, num_barriers=1),
+        mgpu.Barrier(num_arrivals=5 + n_sub, num_barriers=1),
     ]
     return kernel, scratch
 
@@ -567,12 +586,14 @@ def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *,
             dk = dk + scale * ops.matmul_tn(a_s, tile.q_s, (C, K))
         return dq, dk, dv, kappa, c
 
-    # off-diagonal tiles: dA restricted to (rows of I, keys before I) against the masked operands
-    for I in range(1, C // 16):
+    # the tiles of each sub-chunk's wgmma: dA restricted to (rows of I, its keys, causal) against the masked
+    # operands (the causal mask matters only in the fast form's diagonal tile)
+    for I in tile.sub_chunks():
         r = tile.rows(ref_row(I))
         mine, before = tile.masks(I)
         xq, xk = tile.ref_operands(I, q, k, b, r)
-        tiles_I = (tile.srow >= 16 * I) & (tile.srow < 16 * I + 16) & (tile.scol < 16 * I)
+        tiles_I = (tile.srow >= 16 * I) & (tile.srow < 16 * I + 16) & (tile.scol < tile.key_end(I))
+        tiles_I = tiles_I & (tile.srow >= tile.scol)
         a_s[...] = jnp.where(tiles_I, dA, 0.0).astype(dtype)  # A has been read: its buffer takes dA
         if want_dq:
             x_s[...] = xk.astype(dtype)
@@ -583,6 +604,8 @@ def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *,
             dq = dq + scale * ops.matmul(a_s, x_s, (C, K)) * jnp.exp(jnp.where(mine, b - r, 0.0))
         if want_dk:
             dk = dk + scale * ops.matmul_tn(a_s, y_s, (C, K)) * jnp.exp(jnp.where(before, r - b, 0.0))
+    if not tile.exact:
+        return dq, dk, dv, kappa, c
 
     # diagonal tiles, key j at a time: dq_i += dA_ij k_j e^{b_i − b_j}, dk_j += Σ_i dA_ij q_i e^{b_i − b_j}
     def key(j, carry):
@@ -601,11 +624,12 @@ def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *,
     return dq, dk, dv, kappa, c
 
 
-def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False):
+def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True):
     """One chunk's ``dq, dk, dv`` and chunk-local gate gradient from the state entering it (``h``) and the
     gradient of the state leaving it (``dso``): :func:`chunk_math.chunk_dq`, :func:`chunk_math.chunk_dkv`
     and :func:`chunk_math.chunk_gate_grad` in full-chunk form (:func:`_chunk_grads`). The reverse sum of the gate
-    gradient inside the chunk is float32 too, one token at a time: a tensor-core sum would read it as tf32.
+    gradient inside the chunk is ``U x``, ``U`` the upper triangle of ones, as two bf16 wgmmas: ``x``'s bf16
+    part and its bf16 remainder (a float32 operand would be read as tf32, 10 bits; the split keeps 16).
     The float32 states live in scoped SMEM buffers that later hold the float32 results on their way out.
     The kernel fills about 221 KiB of SMEM at ``K = 128`` (the lowering checks the 227 KiB a block has)."""
     ops = _Ops(interpret)
@@ -623,8 +647,8 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False):
                          (v_ref.at[ib, ih, rows, cols], v_s), (do_ref.at[ib, ih, rows, cols], do_s),
                          (b_ref.at[ib, ih, rows], b_s), (b_ref.at[ib, ih, n * C + C - 1], bc_s)):
             mgpu.copy_gmem_to_smem(src, dst, ready.at[0])
-        for I in range(1, n_sub):
-            mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C + 16 * I], r_s.at[I - 1], ready.at[0])
+        for I in range(n_sub):
+            mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C + 16 * I], r_s.at[I], ready.at[0])
 
         def states(h_s, dso_s):  # S and dS in float32; both leave as bf16 operands, and as Σ_v S ⊙ dS
             mgpu.copy_gmem_to_smem(h_ref.at[ib, ih, n, cols], h_s, state_ready.at[0])
@@ -642,18 +666,21 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False):
         k = ops.load(k_s, W).astype(f32)
         b = ops.load(b_s, W)
         bC = ops.load(bc_s, W.reduce(0))
-        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s)
+        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s, exact)
         dq, dk, dv, kappa, _ = _chunk_grads(tile, q, k, b, bC, v_s, do_s, tile.ref_rows(b, r_s), x_s, y_s, a_s,
                                             scale, hb_s=hb_s, dsb_s=dsb_s)
         dgamma = jnp.exp(bC) * SdS + kappa  # the explicit gradient of the chunk's decay b_C
 
-        # gate gradient: Σ_{s ≥ t in the chunk} (q ⊙ dq − k ⊙ dk)_s + dγ, one token t at a time
+        # gate gradient: Σ_{s ≥ t in the chunk} (q ⊙ dq − k ⊙ dk)_s + dγ, as U x with U the upper triangle of
+        # ones: two wgmmas, of x's bf16 part and of its bf16 remainder (U exact in bf16; what the two parts
+        # miss of x is under 2⁻¹⁶ of it, and the products are summed in float32)
         x = q * dq - k * dk
-
-        def token(t, dg):
-            return jnp.where(tile.row == t, tile.rows(jnp.sum(jnp.where(tile.row >= t, x, 0.0), axis=0)), dg)
-
-        dg = lax.fori_loop(0, C, token, ops.cast(jnp.zeros((C, K), f32), W)) + tile.rows(dgamma)
+        hi = x.astype(dtype)
+        a_s[...] = jnp.where(tile.scol >= tile.srow, ops.cast(jnp.ones((C, C), f32), W), 0.0).astype(dtype)
+        x_s[...] = hi
+        y_s[...] = (x - hi.astype(f32)).astype(dtype)
+        mgpu.commit_smem()
+        dg = ops.matmul(a_s, x_s, (C, K)) + ops.matmul(a_s, y_s, (C, K)) + tile.rows(dgamma)
 
         def write(out_s, dv_s):
             for ref, value in ((dq_ref, dq), (dk_ref, dk), (dg_ref, dg)):
@@ -676,14 +703,14 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False):
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # v
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # do
         mgpu.SMEM((C, K), f32, transforms=sw(f32, K)),           # b
-        mgpu.SMEM((max(1, n_sub - 1), K), f32),                  # reference rows r_I
+        mgpu.SMEM((n_sub, K), f32),                              # reference rows r_I
         mgpu.SMEM((K,), f32),                                    # b_C
         mgpu.SMEM((BV, K), dtype, transforms=sw(dtype, K)),      # S (bf16 operand)
         mgpu.SMEM((BV, K), dtype, transforms=sw(dtype, K)),      # dS (bf16 operand)
         mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),       # work operand x
         mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),       # work operand y
         mgpu.SMEM((C, C), dtype, transforms=sw(dtype, C)),       # scores A, then dA of the tiles (I, J < I)
-        mgpu.Barrier(num_arrivals=6 + n_sub - 1, num_barriers=1),
+        mgpu.Barrier(num_arrivals=6 + n_sub, num_barriers=1),
         mgpu.Barrier(num_arrivals=2, num_barriers=1),
     ]
     return kernel, scratch
@@ -698,6 +725,29 @@ def _per_key(b, K):
     if b.shape[-1] == 1:
         return jnp.broadcast_to(b, b.shape[:-1] + (K,)), True
     return b, False
+
+
+SAFE_DECAY = 64.0
+"""Largest decay ``b_{16I} − b_j`` (nats) inside a 16-token sub-chunk for the fast form of the diagonal tiles:
+their key operand ``k_j e^{b_{16I} − b_j}`` stays below ``e^64 ≈ 6e27`` (float32 and bf16 reach ``e^88``), and a
+product it meets is ``e^{b_i − b_j} ≤ 1`` inside the causal mask."""
+
+
+def gentle_gates(b):
+    """True (a traced boolean, no sync) when every 16-token sub-chunk of the chunk-local gates ``b [B, H, T, K]``
+    decays by at most :data:`SAFE_DECAY`: the kernels then form the diagonal tiles in their wgmmas (the fast
+    form); otherwise, and for NaN gates, one key at a time in float32 (``exact``), correct for any gate."""
+    B, H, T, K = b.shape
+    sub = b.reshape(B, H, T // 16, 16, K)
+    return jnp.all(sub[:, :, :, 0] - sub[:, :, :, 15] <= SAFE_DECAY)
+
+
+def _by_gates(b, scalar, call):
+    """``call(exact)`` for a per-key gate's ``b``: the fast form where :func:`gentle_gates`, the exact one
+    elsewhere, chosen on the device by ``lax.cond`` (both compiled); scalar gates have one form."""
+    if scalar:
+        return call(True)
+    return lax.cond(gentle_gates(b), lambda: call(False), lambda: call(True))
 
 
 def _gate_width(x, scalar):
@@ -718,35 +768,45 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
                        interpret=interpret, name="gla_state_bwd_mgpu")[:2]
 
 
-def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
+def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False, exact=None):
     """The output, one program per chunk and value block on the grid ``(B, H, NV, N)``, from the state
-    ``h`` entering the chunk (:func:`_output_kernel`)."""
+    ``h`` entering the chunk (:func:`_output_kernel`); ``exact``: the diagonal tiles' form (None: by
+    :func:`gentle_gates`)."""
     check_supported(q.dtype, q.shape[-1], chunk)
     b, scalar = _per_key(b, q.shape[-1])
     d = _dims(q, v, chunk)
     mgpu = _compat.mosaic_gpu()
-    kernel, scratch = _output_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar)
-    call = mgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(v.shape, q.dtype), scratch_types=scratch,
-                       grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
-                       compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
-                       kernel_name="gla_chunk_fwd_o_mgpu")
-    return call(q, k, v, b, h)
+
+    def call(exact):
+        kernel, scratch = _output_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar, exact=exact)
+        run = mgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(v.shape, q.dtype), scratch_types=scratch,
+                          grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
+                          compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
+                          kernel_name="gla_chunk_fwd_o_mgpu")
+        return run(q, k, v, b, h)
+
+    return _by_gates(b, scalar, call) if exact is None else call(exact)
 
 
-def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
+def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False, exact=None):
     """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32) and the gate
-    gradient's partials ``[B, H, NV, T, K]``, one program per chunk and value block (:func:`_grad_kernel`)."""
+    gradient's partials ``[B, H, NV, T, K]``, one program per chunk and value block (:func:`_grad_kernel`);
+    ``exact`` as for :func:`chunk_fwd_o`."""
     check_supported(q.dtype, q.shape[-1], chunk)
     b, scalar = _per_key(b, q.shape[-1])
     d = _dims(q, v, chunk)
     mgpu = _compat.mosaic_gpu()
-    kernel, scratch = _grad_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar)
     part = jax.ShapeDtypeStruct((d.B, d.H, d.NV, d.N * d.C, d.K), jnp.float32)
-    call = mgpu.kernel(kernel, out_type=[part, part, jax.ShapeDtypeStruct(v.shape, jnp.float32), part],
-                       scratch_types=scratch, grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
-                       compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
-                       kernel_name="gla_chunk_bwd_mgpu")
-    dq, dk, dv, dg = call(q, k, v, b, do, h, dso)
+
+    def call(exact):
+        kernel, scratch = _grad_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar, exact=exact)
+        run = mgpu.kernel(kernel, out_type=[part, part, jax.ShapeDtypeStruct(v.shape, jnp.float32), part],
+                          scratch_types=scratch, grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
+                          compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
+                          kernel_name="gla_chunk_bwd_mgpu")
+        return tuple(run(q, k, v, b, do, h, dso))
+
+    dq, dk, dv, dg = _by_gates(b, scalar, call) if exact is None else call(exact)
     return dq, dk, dv, _gate_width(dg, scalar)
 
 
@@ -755,7 +815,7 @@ MAX_K_FUSED = 64
 the per-chunk work tiles, about 185 KiB of SMEM at ``K = 64`` and over 227 KiB at ``K = 128``."""
 
 
-def _fused_body(kind, dtype, scale, scalar):
+def _fused_body(kind, dtype, scale, scalar, exact=True):
     """The per-chunk body of a fused kernel (``"fwd"``, ``"dq"`` or ``"dkv"``) for :func:`_state_kernel`, and
     its SMEM scratch ``scratch(d)``."""
     f32 = jnp.float32
@@ -765,7 +825,7 @@ def _fused_body(kind, dtype, scale, scalar):
         mgpu, W = ops.mgpu, ops.mgpu.Layout.WGMMA
         C, K = env.b.shape
         q_s, k_s = (env.extra[0], env.x) if kind != "dkv" else (env.x, env.extra[0])
-        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s)
+        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s, exact)
         q, k = (ops.load(r, W).astype(f32) for r in (q_s, k_s))
         b = ops.load(env.b, W)
         ref_row = tile.ref_rows(b)  # picked from b's registers: no extra copies in the loop
@@ -826,24 +886,29 @@ def _fused_body(kind, dtype, scale, scalar):
     return body, scratch
 
 
-def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
+def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False, exact=None):
     """Output and final state in one program per head and value block: the state kernel's loop, whose
-    body also forms each chunk's output (:func:`_chunk_output`); no state is written to HBM."""
+    body also forms each chunk's output (:func:`_chunk_output`); no state is written to HBM. ``exact``
+    as for :func:`chunk_fwd_o`."""
     check_supported(q.dtype, q.shape[-1], chunk, fused=True)
     b, scalar = _per_key(b, q.shape[-1])
-    body, scratch = _fused_body("fwd", q.dtype, scale, scalar)
-    _, ht, (o,) = _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=want_final,
-                              interpret=interpret, name="gla_fused_fwd_mgpu", write_states=False,
-                              extra=(("k", q),), body=body, body_scratch=scratch,
-                              body_outs=[jax.ShapeDtypeStruct(v.shape, q.dtype)])
-    return o, ht
+
+    def call(exact):
+        body, scratch = _fused_body("fwd", q.dtype, scale, scalar, exact)
+        _, ht, (o,) = _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=want_final,
+                                  interpret=interpret, name="gla_fused_fwd_mgpu", write_states=False,
+                                  extra=(("k", q),), body=body, body_scratch=scratch,
+                                  body_outs=[jax.ShapeDtypeStruct(v.shape, q.dtype)])
+        return o, ht
+
+    return _by_gates(b, scalar, call) if exact is None else call(exact)
 
 
-def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=False):
+def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=False, exact=None):
     """All gradients with the states in registers, the interface of :func:`gla_ref.pallas.gpu.fused_bwd`: the
     state kernel's loop forwards for ``dq`` and the rows ``a`` (re-building the state), and backwards for
     ``dk, dv, dh0`` and the rows ``c, e`` of the gate gradient (``[B, H, NV, N, 1, K]``;
-    :func:`gla_ref.pallas.chunk._fused_gate_grad` sums them)."""
+    :func:`gla_ref.pallas.chunk._fused_gate_grad` sums them). ``exact`` as for :func:`chunk_fwd_o`."""
     check_supported(q.dtype, q.shape[-1], chunk, fused=True)
     b, scalar = _per_key(b, q.shape[-1])
 
@@ -853,14 +918,17 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
             return [jax.ShapeDtypeStruct(shape[kind], jnp.float32) for kind in kinds]
         return types
 
-    body, scratch = _fused_body("dq", q.dtype, scale, scalar)
-    _, _, (dq, a) = _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=False,
-                                interpret=interpret, name="gla_fused_bwd_dq_mgpu", write_states=False,
-                                extra=(("k", q), ("v", do)), body=body, body_scratch=scratch,
-                                body_outs=outs("part", "row"))
-    body, scratch = _fused_body("dkv", q.dtype, scale, scalar)
-    _, dh0, (dk, dv, c, e) = _state_call(q, do, b, dht, chunk=chunk, reverse=True, scale=scale, want_final=want_dh0,
-                                         interpret=interpret, name="gla_fused_bwd_dkv_mgpu", write_states=False,
-                                         extra=(("k", k), ("v", v)), body=body, body_scratch=scratch,
-                                         body_outs=outs("part", "dv", "row", "row"))
-    return (dq, dk, dv, dh0) + tuple(_gate_width(r, scalar) for r in (a, c, e))
+    def call(exact):
+        body, scratch = _fused_body("dq", q.dtype, scale, scalar, exact)
+        _, _, (dq, a) = _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=False,
+                                    interpret=interpret, name="gla_fused_bwd_dq_mgpu", write_states=False,
+                                    extra=(("k", q), ("v", do)), body=body, body_scratch=scratch,
+                                    body_outs=outs("part", "row"))
+        body, scratch = _fused_body("dkv", q.dtype, scale, scalar, exact)
+        _, dh0, (dk, dv, c, e) = _state_call(q, do, b, dht, chunk=chunk, reverse=True, scale=scale,
+                                             want_final=want_dh0, interpret=interpret, name="gla_fused_bwd_dkv_mgpu",
+                                             write_states=False, extra=(("k", k), ("v", v)), body=body,
+                                             body_scratch=scratch, body_outs=outs("part", "dv", "row", "row"))
+        return (dq, dk, dv, dh0) + tuple(_gate_width(r, scalar) for r in (a, c, e))
+
+    return _by_gates(b, scalar, call) if exact is None else call(exact)
