@@ -120,8 +120,8 @@ def _time_triton(name, mode, T, K):
     return _time_triton_on(name, mode, q, k, v, g, do, p["chunk"], p["warmup"], p["rep"], None)
 
 
-def timing_rows(Ts):
-    rows = []
+def timing_rows(Ts, rows, save):
+    """Appends one row per (T, case, mode) to ``rows``, calling ``save()`` after each."""
     for T in Ts:
         for name, K in CASES:
             for mode in ("fwd", "fwd+bwd"):
@@ -132,8 +132,8 @@ def timing_rows(Ts):
                 except Exception as err:  # noqa: BLE001 (record it, measure the rest)
                     row["error"] = _error(err)
                 rows.append(row)
+                save()
                 print(row, flush=True)
-    return rows
 
 
 KERNEL_STEPS = ("state_fwd", "chunk_fwd_o", "state_bwd", "chunk_bwd")
@@ -141,10 +141,11 @@ KERNEL_STEPS = ("state_fwd", "chunk_fwd_o", "state_bwd", "chunk_bwd")
 backward state_fwd again, state_bwd, chunk_bwd), each timed alone by ``--kernels``."""
 
 
-def kernel_rows(T, K):
+def kernel_rows(T, K, rows, save):
     """One row per (launcher, kernel) of the non-fused ``chunk_gla`` at B=8, H=16, K=V=``K``, bf16: each
     kernel jitted alone on the inputs the custom VJP gives it (kernel layout ``[B, H, T, D]``, the
-    chunk-local cumulative gates), so the time of a step is read per kernel, not guessed from the total."""
+    chunk-local cumulative gates), so the time of a step is read per kernel, not guessed from the total.
+    Appends to ``rows``, calling ``save()`` after each."""
     import functools
 
     import jax
@@ -158,7 +159,7 @@ def kernel_rows(T, K):
     q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
     qp, kp, vp, dop = (pchunk._to_kernel_layout(x, T, K) for x in (q, k, v, do))
     b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"])
-    C, scale, rows = p["chunk"], K ** -0.5, []
+    C, scale = p["chunk"], K ** -0.5
     for name, L in (("mosaic_gpu", mosaic_gpu), ("gpu", gpu)):
         kw = {"chunk": C, "interpret": False}
         h = jax.jit(functools.partial(L.state_fwd, want_final=False, **kw))(kp, vp, b, None)[0]
@@ -178,8 +179,8 @@ def kernel_rows(T, K):
             except Exception as err:  # noqa: BLE001 (record it, measure the rest)
                 row["error"] = _error(err)
             rows.append(row)
+            save()
             print(row, flush=True)
-    return rows
 
 
 def main(argv=None):
@@ -198,23 +199,27 @@ def main(argv=None):
     if not args.smoke and not _compat.mosaic_gpu_runs_here():
         parser.error(f"needs a Hopper GPU and a JAX with Mosaic GPU (found {jax.devices()[0].device_kind}); "
                      "use --smoke on other machines")
-    if args.smoke:
-        with jax.default_device(jax.devices("cpu")[0]):
-            accuracy = accuracy_rows([80], smoke=True)
-        timing = []
-    elif args.kernels:
-        accuracy, timing = [], []
-    else:
-        accuracy, timing = accuracy_rows(args.accuracy_T, smoke=False), timing_rows(args.T)
-    kernels = [row for K in (128, 64) for row in kernel_rows(args.T[0], K)] if args.kernels else []
     about = ("gla_ref.pallas paths (chunk_gla, fused_chunk_gla, chunk_simple_gla) on the Mosaic GPU launcher and "
              "on the Triton-backend launcher; accuracy: relative RMSE against the float64 "
              f"recurrence on the same bf16-rounded inputs, {ACCURACY}, chunk 64; timing: {TIMING}, compile_ms "
              "apart (XLA ahead-of-time compile; for Triton its first call)")
-    result = {"env": bench.environment(), "about": about, "accuracy": accuracy, "rows": timing,
-              "kernels": kernels}
-    path = bench.write_result(result, "pallas_mosaic_gpu", ROOT / "benchmarks" / "results", args.out,
-                              smoke=args.smoke)
+    result = {"env": bench.environment(), "about": about, "accuracy": [], "rows": [], "kernels": []}
+
+    def save():  # after every row: a run stopped at its time limit keeps what it measured
+        return bench.write_result(result, "pallas_mosaic_gpu", ROOT / "benchmarks" / "results", args.out,
+                                  smoke=args.smoke)
+
+    if args.smoke:
+        with jax.default_device(jax.devices("cpu")[0]):
+            result["accuracy"] = accuracy_rows([80], smoke=True)
+    elif args.kernels:
+        for K in (128, 64):
+            kernel_rows(args.T[0], K, result["kernels"], save)
+    else:
+        result["accuracy"] = accuracy_rows(args.accuracy_T, smoke=False)
+        save()
+        timing_rows(args.T, result["rows"], save)
+    path = save()
     print("wrote", path)
     return path
 

@@ -198,6 +198,27 @@ def test_unsupported_paths_raise_before_any_kernel():
             chunk_gla(j["q"], j["k"], j["v"], j["g"], chunk_size=chunk_size, launcher="mosaic_gpu", interpret=True)
 
 
+@pytest.mark.parametrize("hopper", [True, False])
+def test_default_launcher_on_a_gpu(monkeypatch, hopper):
+    """launcher=None on a GPU: Mosaic GPU on Hopper (compiled) where it takes the call (bf16, chunk 64,
+    K <= 128, fused K <= 64), the Triton backend otherwise and on other GPUs."""
+    from gla_ref.pallas import chunk as pchunk
+    from gla_ref.pallas import gpu
+
+    monkeypatch.setattr(_compat, "mosaic_gpu_runs_here", lambda: hopper)
+    monkeypatch.setattr(pchunk.device, "jax_platform", lambda: "gpu")
+
+    def plan(dtype=bf16, chunk=64, K=128, fused=False):
+        return pchunk.make_plan(None, None, chunk=chunk, scale=None, K=K, fused=fused, want_final=True, dtype=dtype)
+
+    chosen = mgpu_launcher if hopper else gpu
+    assert plan().launcher is chosen and plan().interpret is False
+    assert plan(K=20).launcher is chosen and plan(fused=True, K=64).launcher is chosen
+    for other in (plan(dtype=jnp.float32), plan(dtype=jnp.float16), plan(chunk=32), plan(K=256),
+                  plan(fused=True, K=128)):
+        assert other.launcher is gpu and other.interpret is False
+
+
 def test_unknown_launcher_lists_mosaic_gpu():
     j = _inputs()
     with pytest.raises(ValueError, match="'mosaic_gpu'"):

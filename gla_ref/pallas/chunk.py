@@ -104,13 +104,19 @@ def check_values(**arrays):
             raise ValueError(f"{name} contains NaN or inf values")
 
 
-def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final) -> Plan:
-    """Pick the launcher (``None``: Mosaic on a TPU, Triton elsewhere; ``"mosaic_gpu"`` only when asked
-    for, until it has run on a GPU) and whether to interpret (``None``: interpret unless the launcher's
-    own hardware is present: for ``"mosaic_gpu"`` a Hopper GPU and a JAX with Mosaic GPU)."""
+def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final, dtype=None) -> Plan:
+    """Pick the launcher and whether to interpret. ``launcher=None``: Mosaic on a TPU; on a Hopper GPU with a
+    JAX that has Mosaic GPU, ``"mosaic_gpu"`` where it takes the call (bf16 ``dtype``, chunk 64, ``K ≤ 128``,
+    fused ``K ≤ 64``: on the H200 it was as fast as the Triton-backend launcher or faster in every case
+    measured, benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json); the Triton backend elsewhere.
+    ``interpret=None``: interpret unless the launcher's own hardware is present (for ``"mosaic_gpu"`` a
+    Hopper GPU and a JAX with Mosaic GPU)."""
     platform = device.jax_platform()
     if launcher is None:
         launcher = "tpu" if platform == "tpu" else "gpu"
+        if (launcher == "gpu" and dtype is not None and mosaic_gpu.supported(dtype, K, chunk, fused)
+                and _compat.mosaic_gpu_runs_here()):
+            launcher = "mosaic_gpu"
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be None, 'tpu', 'gpu' or 'mosaic_gpu', got {launcher!r}")
     if interpret is None:
@@ -230,7 +236,7 @@ def checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size
     scale, chunk_size, output_final_state = check_options(q, k, v, scale, chunk_size, output_final_state)
     check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
     plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=fused,
-                     want_final=output_final_state)
+                     want_final=output_final_state, dtype=q.dtype)
     return run(q, k, v, g, initial_state, plan)
 
 
@@ -272,9 +278,9 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
         initial_state: optional ``[B, H, K, V]`` float32 state.
         output_final_state: also return the final ``[B, H, K, V]`` float32 state.
         chunk_size: a power of two ≥ 16 (sub-chunks are 16 tokens).
-        launcher: ``"tpu"`` (Mosaic), ``"gpu"`` (Triton backend) or ``"mosaic_gpu"`` (Hopper, bfloat16:
-            Mosaic GPU kernels, not yet chosen by default; :mod:`gla_ref.pallas.mosaic_gpu`);
-            default from ``gla_ref.device``.
+        launcher: ``"tpu"`` (Mosaic), ``"gpu"`` (Triton backend) or ``"mosaic_gpu"`` (Hopper, bfloat16,
+            chunk 64, K ≤ 128: Mosaic GPU kernels, :mod:`gla_ref.pallas.mosaic_gpu`); default: ``"tpu"`` on a
+            TPU, ``"mosaic_gpu"`` on a Hopper GPU where it takes the call, else ``"gpu"`` (:func:`make_plan`).
         interpret: run in Pallas' interpreter (True, or a ``pltpu.InterpretParams`` for the TPU
             launcher, a Mosaic GPU ``InterpretGPUParams`` for ``"mosaic_gpu"``); default: only when
             the launcher's hardware is absent.

@@ -1,10 +1,14 @@
 """Pallas launchers on Mosaic GPU (Hopper, sm_90): the chunk_gla kernels as warpgroup kernels.
 
-Status (read this first). Checked in the Mosaic GPU interpreter on a CPU and lowered for CUDA
-(``jax.export`` / ``lower(lowering_platforms=("cuda",))``); **not yet run on a GPU**, so it is not
-chosen automatically: ``launcher="mosaic_gpu"`` of ``chunk_gla``, ``fused_chunk_gla`` and
-``chunk_simple_gla`` (g or g_gamma, both modes) asks for it. Every kernel of both paths is a Mosaic GPU
-kernel, with the layout and the chunk math of the other launchers:
+Status (read this first). Run on an H200 (jax 0.11.2; benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json):
+bf16 within 4.3e-3 of float64 for o, the final state and every gradient, and as fast as the Triton-backend
+launcher or faster at B=8, H=16, T=4096 (at K=V=128 chunk_gla's forward 5.9 against 10.6 ms, fwd+bwd 28.4
+against 27.9 ms; fused_chunk_gla at K=V=64 1.5 against 5.3 ms, 6.4 against 16.9 ms). It is the default of
+``chunk_gla``, ``fused_chunk_gla`` and ``chunk_simple_gla`` on a Hopper GPU for the calls it takes
+(:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan`), and it is still slower than
+``gla_ref.triton.chunk_gla`` at K=V=128 (1.7 and 5.7 ms). The CPU tests run it in the Mosaic GPU
+interpreter and lower it for CUDA. Every kernel of both paths is a Mosaic GPU kernel, with the layout and
+the chunk math of the other launchers:
 
 * :func:`state_fwd` (the states entering each chunk, ``h``, and the final state) and
   :func:`state_bwd` (the gradient of the state leaving each chunk, ``dso``, and ``dh0``): one
@@ -24,19 +28,23 @@ scores are ``(Q Kᵀ) ⊙ D`` with the ``[C, C]`` decay matrix ``D = e^{b_i − 
 one wgmma over the whole chunk, likewise ``dq``, ``dk`` through ``dA ⊙ D``; the gate-gradient terms of
 the key columns are summed (:func:`_gate_width`).
 
-Nothing here is tuned: no warp specialisation, one warpgroup per program, the per-chunk kernels'
-diagonal tiles (GLA's per-key gate) and gate-gradient sums are loops over the 64 tokens of a chunk in
-registers; a scalar gate's gradient rows leave the kernels ``K`` wide.
+Little here is tuned: no warp specialisation, one warpgroup per program, and a scalar gate's gradient
+rows leave the kernels ``K`` wide. The per-chunk kernels form GLA's diagonal ``16 × 16`` tiles inside the
+masked wgmmas where the gates allow it (:func:`gentle_gates`; one key at a time in float32 otherwise, a
+form in which the output kernel took 7.5 times as long on the H200 at K=128 and 11 times at K=64), and
+sum the gate gradient inside a chunk with two wgmmas.
 
 Why the chunk math is not called directly: :mod:`gla_ref.pallas.chunk_math` builds a chunk from
 16-row sub-chunk values and ``dot_general``; on Mosaic GPU every matmul is a ``wgmma`` on SMEM tiles
 with at least 64 rows, and a register array has a fixed layout. So each kernel here writes the same
 formulas over the whole chunk (:class:`_Chunk`): the off-diagonal 16 × 16 tiles come from one masked
 ``wgmma`` per reference row ``r_I`` (the masks select exactly the tiles ``J < I`` that
-:func:`chunk_math.intra_scores` builds one by one), the diagonal tiles are float32 loops over keys,
-and every exponent is ≤ 0, masked with ``where`` before ``exp``. The results agree with the
-Triton-backend launcher's to float32 rounding, up to a last-bit flip where a bf16 operand is rounded
-from a float32 sum taken in another order (tests/test_pallas_mosaic_gpu.py).
+:func:`chunk_math.intra_scores` builds one by one), and every exponent is ≤ 0, masked with ``where``
+before ``exp``. The diagonal tiles have two forms (``exact`` of :class:`_Chunk`): float32 loops over
+keys, whose results agree with the Triton-backend launcher's to float32 rounding, up to a last-bit flip
+where a bf16 operand is rounded from a float32 sum taken in another order; or, where every 16-token
+decay is at most :data:`SAFE_DECAY`, the same masked wgmma with the key operand also taking sub-chunk
+I's own tokens (exponents up to SAFE_DECAY there), one bf16 rounding more (tests/test_pallas_mosaic_gpu.py).
 
 What a program is. Mosaic GPU runs one *warpgroup* (4 warps, 128 threads) per program; arrays in
 a kernel are distributed over the warpgroup's registers in a layout (``WGMMA``: the accumulator
@@ -130,6 +138,16 @@ def check_supported(dtype, K_pad: int, chunk: int, fused: bool = False) -> None:
                          "launcher='gpu'")
 
 
+def supported(dtype, K: int, chunk: int, fused: bool = False) -> bool:
+    """Whether :func:`check_supported` lets a call with head size ``K`` (unpadded) through: what
+    :func:`gla_ref.pallas.chunk.make_plan` asks before choosing this launcher by itself."""
+    try:
+        check_supported(dtype, _pow2(K), chunk, fused)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def check_call(q, g, chunk: int, fused: bool = False) -> None:
     """:func:`check_supported` for a public call's ``q [B, T, H, K]`` and gate ``g [B, T, H, Kg]``."""
     check_supported(q.dtype, _pow2(q.shape[-1]), chunk, fused)
@@ -191,10 +209,11 @@ class _Ops:
 
         return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
 
-    def _matmul_transposed(self, x_ref, shape, operands):
+    def _matmul_transposed(self, x_ref, shape, operands, more=()):
         """One wgmma (float32 ``shape``) with the SMEM tile ``x_ref`` transposed, ``operands(xᵀ)`` giving
         its ``(a, b)``: ``xᵀ`` is a transposed view of the tile, or, where the interpreter has no such
-        view (``copy_transposed``), a transposed copy in SMEM."""
+        view (``copy_transposed``), a transposed copy in SMEM. ``more``: further ``(a, b)`` pairs whose
+        products the same accumulator adds."""
         mgpu = self.mgpu
 
         def run(acc, x_t=None):
@@ -204,6 +223,8 @@ class _Ops:
                 x_t[...] = x_ref[...].T
                 mgpu.commit_smem()
             mgpu.wgmma(acc, *operands(x_t))
+            for a, b in more:
+                mgpu.wgmma(acc, a, b)
             return acc[...]
 
         if self.copy_transposed:  # an accumulator cannot share one scoped allocation with SMEM
@@ -212,9 +233,10 @@ class _Ops:
                                  x_t_type)
         return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
 
-    def matmul_nt(self, a_ref, b_ref, shape):
-        """``a_ref @ b_refᵀ`` (SMEM tiles ``[M, K]`` and ``[N, K]``) as one wgmma, float32 ``[M, N]``."""
-        return self._matmul_transposed(b_ref, shape, lambda b_t: (a_ref, b_t))
+    def matmul_nt(self, a_ref, b_ref, shape, more=()):
+        """``a_ref @ b_refᵀ`` (SMEM tiles ``[M, K]`` and ``[N, K]``) as one wgmma, float32 ``[M, N]``, plus
+        ``c @ d`` for each pair of ``more`` in the same accumulator."""
+        return self._matmul_transposed(b_ref, shape, lambda b_t: (a_ref, b_t), more)
 
     def matmul_tn(self, a_ref, b_ref, shape):
         """``a_refᵀ @ b_ref`` (SMEM tiles ``[C, M]`` and ``[C, N]``) as one wgmma, float32 ``[M, N]``."""
@@ -384,14 +406,31 @@ class _Chunk:
     masked wgmma of their sub-chunk I, whose key operand then also takes I's own tokens, scaled by
     ``e^{r_I − b_j} ≥ 1``, at most ``e^{SAFE_DECAY}`` (the causal mask drops ``j > i`` afterwards)."""
 
-    def __init__(self, ops, C, K, dtype, scalar=False, q_s=None, k_s=None, exact=True):
+    def __init__(self, ops, C, K, dtype, q_s, k_s, b_s, scalar=False, exact=True, hold=False):
         self.ops, self.C, self.K, self.dtype = ops, C, K, dtype
-        self.scalar, self.q_s, self.k_s, self.exact = scalar, q_s, k_s, exact
+        self.q_s, self.k_s, self.b_s, self.scalar, self.exact = q_s, k_s, b_s, scalar, exact
+        self.held = None
+        if hold:
+            self.held = {name: getattr(self, name) for name in ("q", "k", "b")}
         W = ops.mgpu.Layout.WGMMA
         self.row = ops.cast(lax.broadcasted_iota(jnp.int32, (C, K), 0), W)  # token of each element
         self.col = ops.cast(lax.broadcasted_iota(jnp.int32, (C, K), 1), W)  # key column of each element
         self.srow = ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), 0), W)  # query of a score
         self.scol = ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), 1), W)  # key of a score
+
+    # q, k, b as float32 [C, K] arrays. Three are 192 registers a thread at K = 128 (a warpgroup thread has
+    # 255), so by default each use reads them from their SMEM tiles again; ``hold`` loads them once and
+    # keeps them. Measured on the H200 (B=8, H=16, T=4096, K=V=128): the output kernel 5.8 ms held,
+    # 4.8 ms re-read; the gradient kernel 27.5 ms held, 31.0 ms re-read (so the gradients hold them).
+    def _load(self, name):
+        if self.held is not None:
+            return self.held[name]
+        x = self.ops.load(getattr(self, name + "_s"), self.ops.mgpu.Layout.WGMMA)
+        return x if name == "b" else x.astype(jnp.float32)
+
+    q = property(lambda self: self._load("q"))
+    k = property(lambda self: self._load("k"))
+    b = property(lambda self: self._load("b"))
 
     def rows(self, x):
         """A ``[K]`` row broadcast to every token, ``[C, K]``."""
@@ -419,43 +458,43 @@ class _Chunk:
         """Tokens ``i ≥ j`` in key ``j``'s sub-chunk (the rows of its diagonal tile)."""
         return (self.row >= j) & (self.row < (j // 16) * 16 + 16)
 
-    def ref_operands(self, I, q, k, b, r):
+    def ref_operands(self, I, r):
         """``Q_I ⊙ e^{b − r_I}`` (rows of sub-chunk I, else 0) and ``K ⊙ e^{r_I − b}`` (the keys of
         :meth:`masks`, else 0), float32: the operands of the tiles ``A_IJ``; exponents ≤ 0, except
         ``r_I − b_j`` for I's own keys in the fast form (at most SAFE_DECAY)."""
         mine, before = self.masks(I)
-        return (jnp.where(mine, q * jnp.exp(jnp.where(mine, b - r, 0.0)), 0.0),
-                jnp.where(before, k * jnp.exp(jnp.where(before, r - b, 0.0)), 0.0))
+        return (jnp.where(mine, self.q * jnp.exp(jnp.where(mine, self.b - r, 0.0)), 0.0),
+                jnp.where(before, self.k * jnp.exp(jnp.where(before, r - self.b, 0.0)), 0.0))
 
-    def ref_rows(self, b, r_s=None):
+    def ref_rows(self, r_s=None):
         """``I ↦ r_I [K]``, the first row of sub-chunk I: loaded from ``r_s`` (row I, copied by TMA), or
         picked out of ``b``'s registers (exact) where no such copy was made."""
         if r_s is None:
-            return lambda I: self.pick(b, 16 * I)
+            return lambda I: self.pick(self.b, 16 * I)
         return lambda I: self.ops.load(r_s.at[I], self.ops.mgpu.Layout.WGMMA.reduce(0))
 
-    def decay(self, b):
+    def decay(self):
         """Scalar gates: ``D[i, j] = e^{b_i − b_j}`` for ``i ≥ j``, else 0 (float32 ``[C, C]``; exponents ≤ 0),
         from ``b [C, K]`` (equal columns): its first column gives ``b_i`` down the rows, and the diagonal of
         that column broadcast gives ``b_j`` along them (one-hot sums, exact; no transpose of a register array)."""
         C = self.C
-        b_i = jnp.sum(jnp.where(self.col == 0, b, 0.0), axis=1)
+        b_i = jnp.sum(jnp.where(self.col == 0, self.b, 0.0), axis=1)
         square = lax.broadcast_in_dim(b_i, (C, C), [0])
         b_j = jnp.sum(jnp.where(self.srow == self.scol, square, 0.0), axis=0)
         causal = self.srow >= self.scol
         return jnp.where(causal, jnp.exp(jnp.where(causal, square - lax.broadcast_in_dim(b_j, (C, C), [1]), 0.0)), 0.0)
 
-    def scores(self, q, k, b, ref_row, x_s, y_s):
+    def scores(self, ref_row, x_s, y_s):
         """The chunk's causal scores without the scale, float32 ``[C, C]``: one masked wgmma per reference row
         (``ref_row``, :meth:`ref_rows`) for the tiles of :meth:`masks`, then the diagonal tiles one key column
         at a time (``exact``) or the causal mask (the fast form, whose wgmmas made them); for a scalar gate
         ``(Q Kᵀ) ⊙ D``, one wgmma."""
         ops, mgpu, C = self.ops, self.ops.mgpu, self.C
         if self.scalar:
-            return ops.matmul_nt(self.q_s, self.k_s, (C, C)) * self.decay(b)
+            return ops.matmul_nt(self.q_s, self.k_s, (C, C)) * self.decay()
         A = ops.cast(jnp.zeros((C, C), jnp.float32), mgpu.Layout.WGMMA)
         for I in self.sub_chunks():
-            xq, xk = self.ref_operands(I, q, k, b, self.rows(ref_row(I)))
+            xq, xk = self.ref_operands(I, self.rows(ref_row(I)))
             x_s[...] = xq.astype(self.dtype)
             y_s[...] = xk.astype(self.dtype)
             mgpu.commit_smem()
@@ -465,26 +504,26 @@ class _Chunk:
 
         def column(j, A):
             same = self.same_tile(j)
+            b = self.b
             e = jnp.exp(jnp.where(same, b - self.rows(self.pick(b, j)), 0.0))
-            a = jnp.sum(jnp.where(same, q * self.rows(self.pick(k, j)) * e, 0.0), axis=1)
+            a = jnp.sum(jnp.where(same, self.q * self.rows(self.pick(self.k, j)) * e, 0.0), axis=1)
             return A + jnp.where(self.scol == j, lax.broadcast_in_dim(a, (C, C), [0]), 0.0)  # a is 0 off j's tile
 
         return lax.fori_loop(0, C, column, A)
 
 
-def _chunk_output(tile, q, k, b, S, v_s, ref_row, hb_s, x_s, y_s, a_s, scale):
-    """``O = scale (Q ⊙ e^{b}) S + A V`` of one chunk, float32 ``[C, BV]``, from ``q, k`` (float32 registers),
-    ``b`` and the float32 state ``Sᵀ [BV, K]`` entering the chunk (written to ``hb_s`` as a bf16 operand;
-    a transposed view of it is the ``[K, BV]`` operand); ``x_s, y_s, a_s`` are work tiles."""
+def _chunk_output(tile, S, v_s, ref_row, hb_s, x_s, y_s, a_s, scale):
+    """``O = scale ((Q ⊙ e^{b}) S + A V)`` of one chunk, float32 ``[C, BV]``, from the chunk's tiles (``tile``)
+    and the float32 state ``Sᵀ [BV, K]`` entering it (written to ``hb_s`` as a bf16 operand; a transposed view
+    of it is the ``[K, BV]`` operand); ``x_s, y_s, a_s`` are work tiles. The scores come first, so that
+    both products then accumulate in one wgmma accumulator."""
     ops, C, BV = tile.ops, tile.C, v_s.shape[-1]
-    x_s[...] = (q * jnp.exp(b)).astype(tile.dtype)
     hb_s[...] = S.astype(tile.dtype)
+    A = tile.scores(ref_row, x_s, y_s)
+    a_s[...] = A.astype(tile.dtype)
+    x_s[...] = (tile.q * jnp.exp(tile.b)).astype(tile.dtype)
     ops.mgpu.commit_smem()
-    inter = ops.matmul_nt(x_s, hb_s, (C, BV))
-    A = tile.scores(q, k, b, ref_row, x_s, y_s)
-    a_s[...] = (scale * A).astype(tile.dtype)
-    ops.mgpu.commit_smem()
-    return scale * inter + ops.matmul(a_s, v_s, (C, BV))
+    return scale * ops.matmul_nt(x_s, hb_s, (C, BV), more=((a_s, v_s),))
 
 
 def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True):
@@ -517,11 +556,8 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True
             mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C + 16 * I], r_s.at[I], ready.at[0])
         mgpu.barrier_wait(ready.at[0])
 
-        q = ops.load(q_s, W).astype(f32)
-        k = ops.load(k_s, W).astype(f32)
-        b = ops.load(b_s, W)
-        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s, exact)
-        o = _chunk_output(tile, q, k, b, ops.load(h_s, W), v_s, tile.ref_rows(b, r_s), hb_s, x_s, y_s, a_s, scale)
+        tile = _Chunk(ops, C, K, dtype, q_s, k_s, b_s, scalar, exact)
+        o = _chunk_output(tile, ops.load(h_s, W), v_s, tile.ref_rows(r_s), hb_s, x_s, y_s, a_s, scale)
         o_s[...] = o.astype(o_s.dtype)
         mgpu.commit_smem()
         mgpu.copy_smem_to_gmem(o_s, o_ref.at[ib, ih, rows, cols])
@@ -545,8 +581,7 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True
     return kernel, scratch
 
 
-def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=None, dsb_s=None,
-                 dS=None):
+def _chunk_grads(tile, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=None, dsb_s=None, dS=None):
     """One chunk's gradients in full-chunk form (:func:`chunk_math.chunk_dq`, :func:`chunk_math.chunk_dkv`),
     float32: ``dq`` given ``hb_s`` (the state entering the chunk, ``Sᵀ`` as a bf16 operand); ``dk, dv`` and
     the keys' share ``κ = Σ_rows k ⊙ dk_inter`` of the decay's gradient given ``dsb_s`` (the gradient of the
@@ -561,24 +596,23 @@ def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *,
     want_dq, want_dk = hb_s is not None, dsb_s is not None
     dq = dk = dv = kappa = c = None
     if want_dq:
-        dq = scale * ops.matmul(do_s, hb_s, (C, K)) * jnp.exp(b)
+        dq = scale * ops.matmul(do_s, hb_s, (C, K)) * jnp.exp(tile.b)
     if want_dk:
-        decay = jnp.exp(tile.rows(bC) - b)  # e^{b_C − b} ≤ 1
-        x_s[...] = (k * decay).astype(dtype)
+        x_s[...] = (tile.k * jnp.exp(tile.rows(bC) - tile.b)).astype(dtype)  # K ⊙ e^{b_C − b}, exponents ≤ 0
         mgpu.commit_smem()
-        dk = ops.matmul(v_s, dsb_s, (C, K)) * decay
+        dk = ops.matmul(v_s, dsb_s, (C, K)) * jnp.exp(tile.rows(bC) - tile.b)
         dv = ops.matmul_nt(x_s, dsb_s, (C, BV))
-        kappa = jnp.sum(k * dk, axis=0)
+        kappa = jnp.sum(tile.k * dk, axis=0)
         if dS is not None:
             c = jnp.sum(dS * ops.matmul_tn(v_s, x_s, (BV, K)), axis=0)
         # scores A (for dv), float32
-        A = tile.scores(q, k, b, ref_row, x_s, y_s)
+        A = tile.scores(ref_row, x_s, y_s)
         a_s[...] = (scale * A).astype(dtype)
         mgpu.commit_smem()
         dv = dv + ops.matmul_tn(a_s, do_s, (C, BV))
     dA = ops.matmul_nt(do_s, v_s, (C, C))
     if tile.scalar:  # the whole chunk at once: dq += scale (dA ⊙ D) K, dk += scale (dA ⊙ D)ᵀ Q
-        a_s[...] = (dA * tile.decay(b)).astype(dtype)
+        a_s[...] = (dA * tile.decay()).astype(dtype)
         mgpu.commit_smem()
         if want_dq:
             dq = dq + scale * ops.matmul(a_s, tile.k_s, (C, K))
@@ -591,7 +625,7 @@ def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *,
     for I in tile.sub_chunks():
         r = tile.rows(ref_row(I))
         mine, before = tile.masks(I)
-        xq, xk = tile.ref_operands(I, q, k, b, r)
+        xq, xk = tile.ref_operands(I, r)
         tiles_I = (tile.srow >= 16 * I) & (tile.srow < 16 * I + 16) & (tile.scol < tile.key_end(I))
         tiles_I = tiles_I & (tile.srow >= tile.scol)
         a_s[...] = jnp.where(tiles_I, dA, 0.0).astype(dtype)  # A has been read: its buffer takes dA
@@ -601,9 +635,9 @@ def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *,
             y_s[...] = xq.astype(dtype)
         mgpu.commit_smem()
         if want_dq:
-            dq = dq + scale * ops.matmul(a_s, x_s, (C, K)) * jnp.exp(jnp.where(mine, b - r, 0.0))
+            dq = dq + scale * ops.matmul(a_s, x_s, (C, K)) * jnp.exp(jnp.where(mine, tile.b - r, 0.0))
         if want_dk:
-            dk = dk + scale * ops.matmul_tn(a_s, y_s, (C, K)) * jnp.exp(jnp.where(before, r - b, 0.0))
+            dk = dk + scale * ops.matmul_tn(a_s, y_s, (C, K)) * jnp.exp(jnp.where(before, r - tile.b, 0.0))
     if not tile.exact:
         return dq, dk, dv, kappa, c
 
@@ -611,12 +645,13 @@ def _chunk_grads(tile, q, k, b, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *,
     def key(j, carry):
         dq, dk = carry
         same = tile.same_tile(j)
+        b = tile.b
         e = jnp.exp(jnp.where(same, b - tile.rows(tile.pick(b, j)), 0.0))
         dA_j = lax.broadcast_in_dim(jnp.sum(jnp.where(tile.scol == j, dA, 0.0), axis=1), (C, K), [0])
         if want_dq:
-            dq = dq + scale * jnp.where(same, dA_j * tile.rows(tile.pick(k, j)) * e, 0.0)
+            dq = dq + scale * jnp.where(same, dA_j * tile.rows(tile.pick(tile.k, j)) * e, 0.0)
         if want_dk:
-            dk_j = jnp.sum(jnp.where(same, dA_j * q * e, 0.0), axis=0)
+            dk_j = jnp.sum(jnp.where(same, dA_j * tile.q * e, 0.0), axis=0)
             dk = dk + scale * jnp.where(tile.row == j, tile.rows(dk_j), 0.0)
         return dq, dk
 
@@ -662,32 +697,33 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True):
         state_type = mgpu.SMEM((BV, K), f32, transforms=_transforms(f32, K))
         SdS = pl.run_scoped(states, state_type, state_type)
         mgpu.barrier_wait(ready.at[0])
-        q = ops.load(q_s, W).astype(f32)
-        k = ops.load(k_s, W).astype(f32)
-        b = ops.load(b_s, W)
         bC = ops.load(bc_s, W.reduce(0))
-        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s, exact)
-        dq, dk, dv, kappa, _ = _chunk_grads(tile, q, k, b, bC, v_s, do_s, tile.ref_rows(b, r_s), x_s, y_s, a_s,
-                                            scale, hb_s=hb_s, dsb_s=dsb_s)
+        tile = _Chunk(ops, C, K, dtype, q_s, k_s, b_s, scalar, exact, hold=True)
+        dq, dk, dv, kappa, _ = _chunk_grads(tile, bC, v_s, do_s, tile.ref_rows(r_s), x_s, y_s, a_s, scale,
+                                            hb_s=hb_s, dsb_s=dsb_s)
         dgamma = jnp.exp(bC) * SdS + kappa  # the explicit gradient of the chunk's decay b_C
 
         # gate gradient: Σ_{s ≥ t in the chunk} (q ⊙ dq − k ⊙ dk)_s + dγ, as U x with U the upper triangle of
         # ones: two wgmmas, of x's bf16 part and of its bf16 remainder (U exact in bf16; what the two parts
-        # miss of x is under 2⁻¹⁶ of it, and the products are summed in float32)
-        x = q * dq - k * dk
+        # miss of x is under 2⁻¹⁶ of it, and the products are summed in float32). x goes to SMEM first, dq
+        # and dk leave, then dg is formed: fewer [C, K] arrays held at once.
+        x = tile.q * dq - tile.k * dk
         hi = x.astype(dtype)
         a_s[...] = jnp.where(tile.scol >= tile.srow, ops.cast(jnp.ones((C, C), f32), W), 0.0).astype(dtype)
         x_s[...] = hi
         y_s[...] = (x - hi.astype(f32)).astype(dtype)
         mgpu.commit_smem()
-        dg = ops.matmul(a_s, x_s, (C, K)) + ops.matmul(a_s, y_s, (C, K)) + tile.rows(dgamma)
 
         def write(out_s, dv_s):
-            for ref, value in ((dq_ref, dq), (dk_ref, dk), (dg_ref, dg)):
+            def out(ref, value):
                 mgpu.wait_smem_to_gmem(0)
                 out_s[...] = value
                 mgpu.commit_smem()
                 mgpu.copy_smem_to_gmem(out_s, ref.at[ib, ih, iv, rows])
+
+            out(dq_ref, dq)
+            out(dk_ref, dk)
+            out(dg_ref, ops.matmul(a_s, x_s, (C, K)) + ops.matmul(a_s, y_s, (C, K)) + tile.rows(dgamma))
             dv_s[...] = dv
             mgpu.commit_smem()
             mgpu.copy_smem_to_gmem(dv_s, dv_ref.at[ib, ih, rows, cols])
@@ -825,13 +861,11 @@ def _fused_body(kind, dtype, scale, scalar, exact=True):
         mgpu, W = ops.mgpu, ops.mgpu.Layout.WGMMA
         C, K = env.b.shape
         q_s, k_s = (env.extra[0], env.x) if kind != "dkv" else (env.x, env.extra[0])
-        tile = _Chunk(ops, C, K, dtype, scalar, q_s, k_s, exact)
-        q, k = (ops.load(r, W).astype(f32) for r in (q_s, k_s))
-        b = ops.load(env.b, W)
-        ref_row = tile.ref_rows(b)  # picked from b's registers: no extra copies in the loop
+        tile = _Chunk(ops, C, K, dtype, q_s, k_s, env.b, scalar, exact, hold=kind != "fwd")
+        ref_row = tile.ref_rows()  # picked out of b (one-hot sums): no extra copies in the loop
         if kind == "fwd":  # x = k, y = v, extra = (q,); S enters the chunk
             (o_ref,), (hb_s, x_s, y_s, a_s, o_s) = env.outs, env.scratch
-            o = _chunk_output(tile, q, k, b, S, env.y, ref_row, hb_s, x_s, y_s, a_s, scale)
+            o = _chunk_output(tile, S, env.y, ref_row, hb_s, x_s, y_s, a_s, scale)
             mgpu.wait_smem_to_gmem(0)  # the previous chunk's o has left o_s
             o_s[...] = o.astype(dtype)
             mgpu.commit_smem()
@@ -842,9 +876,9 @@ def _fused_body(kind, dtype, scale, scalar, exact=True):
             do_s = env.extra[1]
             hb_s[...] = S.astype(dtype)
             mgpu.commit_smem()
-            dq = _chunk_grads(tile, q, k, b, None, env.y, do_s, ref_row, x_s, y_s, a_s, scale, hb_s=hb_s)[0]
+            dq = _chunk_grads(tile, None, env.y, do_s, ref_row, x_s, y_s, a_s, scale, hb_s=hb_s)[0]
             # a = Σ_v S ⊙ G, G = scale (Q ⊙ e^b)ᵀ dO held as Gᵀ [BV, K] (chunk_math.state_in_term)
-            x_s[...] = (q * jnp.exp(b)).astype(dtype)
+            x_s[...] = (tile.q * jnp.exp(tile.b)).astype(dtype)
             mgpu.commit_smem()
             a = jnp.sum(S * (scale * ops.matmul_tn(do_s, x_s, S.shape)), axis=0)
             results = ((dq_ref, out_s, dq), (a_ref, row_s, a))
@@ -853,8 +887,8 @@ def _fused_body(kind, dtype, scale, scalar, exact=True):
             bC = ops.load(env.bc, W.reduce(0))
             dsb_s[...] = S.astype(dtype)
             mgpu.commit_smem()
-            _, dk, dv, kappa, c = _chunk_grads(tile, q, k, b, bC, env.extra[1], env.y, ref_row, x_s, y_s, a_s,
-                                               scale, dsb_s=dsb_s, dS=S)
+            _, dk, dv, kappa, c = _chunk_grads(tile, bC, env.extra[1], env.y, ref_row, x_s, y_s, a_s, scale,
+                                               dsb_s=dsb_s, dS=S)
             results = ((dk_ref, out_s, dk), (dv_ref, dv_s, dv), (c_ref, c_s, c), (e_ref, e_s, kappa - c))
         mgpu.wait_smem_to_gmem(0)  # the previous chunk's results have left their buffers
         for ref, buf, value in results:
