@@ -47,23 +47,12 @@ def block_v(V_pad: int) -> int:
 
 
 class Dims(_launch.Dims):
-    """The shared sizes, with the TPU launcher's grid and intra-chunk tile rows."""
+    """The shared sizes, with the TPU launcher's grid."""
     __slots__ = ()
 
     @property
     def grid(self):
         return (self.B, self.H, self.V // self.BV, self.N)
-
-    @property
-    def sub(self):
-        """Rows of one intra-chunk tile: the whole chunk for a scalar gate (its decay is a ``[C, C]``
-        matrix, so the scores are one ``C × K @ K × C`` matmul filling the MXU's rows), 16 for GLA
-        (the per-key decay needs the two-level split of :mod:`chunk_math`)."""
-        return self.C if self.Kg == 1 else cm.SUB
-
-    @property
-    def n_sub(self):
-        return self.C // self.sub
 
 
 def launch_params(K: int, V: int, chunk: int, scalar_gate: bool) -> dict:
