@@ -598,9 +598,10 @@ def _chunk_grads(tile, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=Non
     if want_dq:
         dq = scale * ops.matmul(do_s, hb_s, (C, K)) * jnp.exp(tile.b)
     if want_dk:
-        x_s[...] = (tile.k * jnp.exp(tile.rows(bC) - tile.b)).astype(dtype)  # K ⊙ e^{b_C − b}, exponents ≤ 0
+        decay = jnp.exp(tile.rows(bC) - tile.b)  # e^{b_C − b} ≤ 1
+        x_s[...] = (tile.k * decay).astype(dtype)
         mgpu.commit_smem()
-        dk = ops.matmul(v_s, dsb_s, (C, K)) * jnp.exp(tile.rows(bC) - tile.b)
+        dk = ops.matmul(v_s, dsb_s, (C, K)) * decay
         dv = ops.matmul_nt(x_s, dsb_s, (C, BV))
         kappa = jnp.sum(tile.k * dk, axis=0)
         if dS is not None:
@@ -778,11 +779,14 @@ def gentle_gates(b):
     return jnp.all(sub[:, :, :, 0] - sub[:, :, :, 15] <= SAFE_DECAY)
 
 
-def _by_gates(b, scalar, call):
-    """``call(exact)`` for a per-key gate's ``b``: the fast form where :func:`gentle_gates`, the exact one
-    elsewhere, chosen on the device by ``lax.cond`` (both compiled); scalar gates have one form."""
+def _by_gates(b, scalar, call, exact=None):
+    """``call(exact)``: the form a caller named (``exact`` True or False), or for ``None`` and a per-key gate's
+    ``b`` the fast form where :func:`gentle_gates`, the exact one elsewhere, chosen on the device by
+    ``lax.cond`` (both compiled); scalar gates have one form."""
     if scalar:
         return call(True)
+    if exact is not None:
+        return call(exact)
     return lax.cond(gentle_gates(b), lambda: call(False), lambda: call(True))
 
 
@@ -821,7 +825,7 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False, exact=None):
                           kernel_name="gla_chunk_fwd_o_mgpu")
         return run(q, k, v, b, h)
 
-    return _by_gates(b, scalar, call) if exact is None else call(exact)
+    return _by_gates(b, scalar, call, exact)
 
 
 def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False, exact=None):
@@ -842,7 +846,7 @@ def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False, exact=No
                           kernel_name="gla_chunk_bwd_mgpu")
         return tuple(run(q, k, v, b, do, h, dso))
 
-    dq, dk, dv, dg = _by_gates(b, scalar, call) if exact is None else call(exact)
+    dq, dk, dv, dg = _by_gates(b, scalar, call, exact)
     return dq, dk, dv, _gate_width(dg, scalar)
 
 
@@ -935,7 +939,7 @@ def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False, exac
                                   body_outs=[jax.ShapeDtypeStruct(v.shape, q.dtype)])
         return o, ht
 
-    return _by_gates(b, scalar, call) if exact is None else call(exact)
+    return _by_gates(b, scalar, call, exact)
 
 
 def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=False, exact=None):
@@ -965,4 +969,4 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
                                              body_scratch=scratch, body_outs=outs("part", "dv", "row", "row"))
         return (dq, dk, dv, dh0) + tuple(_gate_width(r, scalar) for r in (a, c, e))
 
-    return _by_gates(b, scalar, call) if exact is None else call(exact)
+    return _by_gates(b, scalar, call, exact)
