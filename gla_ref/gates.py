@@ -11,6 +11,8 @@ teaching arrays here (``[T]`` or ``[T, K]``) unless a ``dim`` argument says othe
 * :func:`cumulative_gate`, :func:`underflow_steps` — the naive running product and where it fails.
 * :func:`log2_cumsum` — the older kernels' base-2 cumulative sum, used with ``exp2``.
 * :func:`memory_horizon` — how many steps until the memory fades to a fraction.
+* :data:`SAFE_DECAY` — how far a gate may decay inside a 16-token sub-chunk for the kernels' fast
+  diagonal tiles.
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ import sys
 import numpy as np
 
 LN2 = math.log(2.0)
+
+SAFE_DECAY = 64.0
+"""Largest decay ``b_p − b_j`` (nats) from the first token p of a 16-token sub-chunk to any of its tokens j
+for which the chunked kernels form the sub-chunk's diagonal tile by one matmul (the *fast form*): its key
+operand ``k_j e^{b_p − b_j}`` then stays below ``e^64 ≈ 6e27`` times ``|k_j|`` (float32 and bf16 reach
+``e^88``), its query operand ``q_i e^{b_i − b_p}`` is at most ``|q_i|``, and each product of the two is
+``q_i k_j e^{b_i − b_j}``, at most ``|q_i k_j|`` inside the causal mask. Steeper sub-chunks take the exact
+form, one key at a time with every exponent ≤ 0. (Paper's gates, ``logsigmoid(x)/16``, decay ~1 nat per
+sub-chunk.)"""
 
 
 def _is_tensor(x) -> bool:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from gla_ref import device
+from gla_ref.gates import SAFE_DECAY
 from gla_ref.testing import as_torch, assert_close, random_inputs
 from gla_ref.torch_ref import chunk_gla as chunk_ref
 from gla_ref.torch_ref import recurrent_gla
@@ -31,6 +32,11 @@ F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 # half-precision matmuls (worst seen ~5e-4); bf16 has 8 mantissa bits (worst seen 3e-3 on an H200).
 TOL = {F32: 1e-4, F16: 5e-3, BF16: 3e-2}
 TOL_LONG = {F32: 1e-4, BF16: 3e-2}  # T = 4096: longer sums, states rounded to the operand dtype
+
+
+MIXED_TAU = 0.25
+"""A gate temperature whose 16-token sub-chunks of the T=70 case decay by 60-72 nats: two take the diagonal
+tiles' exact form, two the fast form with key factors up to e^62 (test_mixed_case_takes_both_forms)."""
 
 
 class Case(NamedTuple):
@@ -59,6 +65,7 @@ def _cases():
         Case(F32, 1, 19, 1, 100, 72, C=16),  # K = 100: a partial second key block of 64
         Case(F16, 1, 19, 1, 20, 24, gate_dtype=F16),  # 16-bit gates: dg comes back in fp16
         Case(F32, 1, 70, 1, 20, 24, tau=0.05),  # gates near -14 per token: Γ reaches ~-900 in a chunk
+        *(Case(dtype, 1, 70, 1, 20, 24, tau=MIXED_TAU) for dtype in (F32, *half)),  # both diagonal forms
         Case(F32, 1, 70, 1, 64, 256, C=32),  # V = 256, the largest value dimension
     ]
     if CUDA:
@@ -92,6 +99,14 @@ def test_against_float64_reference(c):
     ro, rht = form(r["q"], r["k"], r["v"], r["g"], initial_state=r["initial_state"], output_final_state=c.final,
                    **extra)
     compare_with_reference(c, t, r, names, (o, ht), (ro, rht), _case_id(c), DEV)
+
+
+def test_mixed_case_takes_both_forms():
+    """The MIXED_TAU case's sub-chunks straddle SAFE_DECAY, so its kernels run both forms of the diagonal tiles
+    (the fast one where every decay from the sub-chunk's first token is within it) in one call."""
+    g = random_inputs(1, 70, 1, 20, 24, "gla", seed=70 + 20 + 64, tau=MIXED_TAU)["g"][0, :, 0]
+    decays = [(-g[p + 1:p + 16].sum(0)).max() for p in range(0, 64, 16)]  # b_p − b_{p+15}, the steepest key
+    assert min(decays) <= SAFE_DECAY < max(decays), decays
 
 
 def test_only_final_state_cotangent():

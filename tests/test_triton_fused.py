@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from gla_ref import device
+from gla_ref.gates import SAFE_DECAY
 from gla_ref.testing import as_torch, random_inputs
 from gla_ref.torch_ref import chunk_gla, recurrent_gla
 from gla_ref.triton import fused_chunk as fused_chunk_module
@@ -52,6 +53,26 @@ class Case(NamedTuple):
     opts: dict = {}
     gate_dtype: torch.dtype | None = None  # None: float32 gates
     tol: dict = TOL
+    tau: float = 4.0  # log-gates logsigmoid(x) / tau (random_inputs' default)
+
+
+# Gates steep enough that one call of fused_chunk_gla takes both forms of the intra-chunk sums: some chunks
+# decay by at most SAFE_DECAY from their start (max over keys of −Σ g over the chunk's tokens: the fast form),
+# others by more (the exact form; past 88.7 nats the fast form's exp(−b) would overflow float32). The decays
+# noted are the seeded gates'; test_straddle_cases_take_both_forms checks that each case straddles SAFE_DECAY.
+STEEP_F16 = {**TOL, F16: 1e-2}
+STRADDLE = [
+    Case("chunk", F32, 2, 37, 2, 20, 24, tau=0.2),  # C = 16: full chunks 80 to 91 nats, the last (5 tokens) 32 to 39
+    # fp16 at ~5 nats a token: dg 6.5e-3 and 7.4e-3 on the H200 in either form (the exact form alone, forced, gives
+    # the same: the TF32 state matmuls, with dg a difference of far larger q ⊙ dq and k ⊙ dk), hence 1e-2
+    Case("chunk", F16, 2, 37, 2, 20, 24, tau=0.2, tol=STEEP_F16),
+    Case("chunk", F32, 2, 48, 2, 20, 24, tau=0.25),  # full chunks only, 59 to 77 nats
+    Case("chunk", F32, 1, 100, 1, 16, 16, opts=dict(chunk_size=32), tau=0.3),  # 96, 102, 118 and 18 nats
+    Case("chunk", F32, 1, 160, 1, 16, 16, h0=False, opts=dict(chunk_size=64), tau=0.6),  # 92, 104 and 49 nats
+    # the first chunk decays by 74 nats over keys 0–63 but by 60 over keys 64–71, the second key block of
+    # the dq and dk kernels: one chunk, both forms (the last chunk, 28 nats, is fast everywhere)
+    Case("chunk", F16, 1, 20, 1, 72, 80, tau=0.25, tol=STEEP_F16),
+]
 
 
 def _cases():
@@ -74,6 +95,7 @@ def _cases():
         Case("chunk", F16, 1, 9, 1, 256, 200),  # the largest K: 256 × 32 tiles (o, dv), 32 × 256 (dq, dk)
         Case("chunk", F32, 1, 70, 1, 16, 16, opts=dict(chunk_size=32)),
         Case("chunk", F32, 1, 70, 1, 16, 16, h0=False, opts=dict(chunk_size=64)),
+        *STRADDLE,
     ]
     if CUDA:  # the realistic shape
         cases += [Case(kernel, dtype, 4, 4096, 8, 128, 128, tol=TOL_LONG)
@@ -85,7 +107,12 @@ def _case_id(c):
     opts = "-".join(f"{k}{v}" for k, v in c.opts.items())
     return (f"{c.kernel}-{str(c.dtype)[6:]}-B{c.B}T{c.T}H{c.H}K{c.K}V{c.V}-{c.gate}"
             f"{'-h0' if c.h0 else ''}{'-final' if c.final else ''}{'-' + opts if opts else ''}"
-            f"{'-g16' if c.gate_dtype else ''}")
+            f"{'-g16' if c.gate_dtype else ''}{f'-tau{c.tau}' if c.tau != Case._field_defaults['tau'] else ''}")
+
+
+def _inputs(c):
+    """The case's seeded float64 inputs as NumPy arrays."""
+    return random_inputs(c.B, c.T, c.H, c.K, c.V, c.gate, seed=c.T + c.K, tau=c.tau, initial_state=c.h0)
 
 
 def _reference(t, c):
@@ -100,8 +127,7 @@ def _reference(t, c):
 
 @pytest.mark.parametrize("c", _cases(), ids=_case_id)
 def test_against_float64_reference(c):
-    x = random_inputs(c.B, c.T, c.H, c.K, c.V, c.gate, seed=c.T + c.K, initial_state=c.h0)
-    t = as_torch(x, dtype=c.dtype, device=DEV)
+    t = as_torch(_inputs(c), dtype=c.dtype, device=DEV)
     if c.gate_dtype is not None:
         t["g"] = t["g"].to(c.gate_dtype)
     names = [n for n in ("q", "k", "v", "g", "initial_state") if t[n] is not None]
@@ -114,6 +140,16 @@ def test_against_float64_reference(c):
     r = float64_copies(t)
     ro, rht = _reference(r, c)
     compare_with_reference(c, t, r, names, (o, ht), (ro, rht), _case_id(c), DEV)
+
+
+@pytest.mark.parametrize("c", STRADDLE, ids=_case_id)
+def test_straddle_cases_take_both_forms(c):
+    """Every STRADDLE case has chunks on both sides of SAFE_DECAY (decays of its float32 gates over every key,
+    as the forward and dv kernels decide): the fast and the exact form both run in one call."""
+    g = as_torch(_inputs(c))["g"]
+    C = c.opts.get("chunk_size", 16)
+    decays = torch.stack([(-g[:, n:n + C].sum(1)).amax(-1) for n in range(0, c.T, C)])  # [chunk, B, H]
+    assert decays.min() <= SAFE_DECAY < decays.max()
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -96,6 +96,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from gla_ref.gates import SAFE_DECAY
 from gla_ref.pallas import _compat
 from gla_ref.pallas._launch import Dims
 
@@ -762,12 +763,6 @@ def _per_key(b, K):
     if b.shape[-1] == 1:
         return jnp.broadcast_to(b, b.shape[:-1] + (K,)), True
     return b, False
-
-
-SAFE_DECAY = 64.0
-"""Largest decay ``b_{16I} − b_j`` (nats) inside a 16-token sub-chunk for the fast form of the diagonal tiles:
-their key operand ``k_j e^{b_{16I} − b_j}`` stays below ``e^64 ≈ 6e27`` (float32 and bf16 reach ``e^88``), and a
-product it meets is ``e^{b_i − b_j} ≤ 1`` inside the causal mask."""
 
 
 def gentle_gates(b):

@@ -18,6 +18,9 @@ import triton
 import triton.language as tl
 
 from gla_ref._validate import invalid_gates_to_nan
+from gla_ref.gates import SAFE_DECAY
+
+_SAFE_DECAY = tl.constexpr(SAFE_DECAY)
 
 
 @triton.jit
@@ -30,6 +33,26 @@ def valid_gate(g):
 def at_most_zero(x):
     """``min(x, 0)`` that keeps a NaN x NaN (``tl.minimum`` does not, on a GPU)."""
     return tl.where(x > 0.0, 0.0, x)
+
+
+@triton.jit
+def gentle(b_g, g_p):
+    """Whether a sub-chunk's log-gate rows ``b_g [c, BK]`` decay by at most :data:`~gla_ref.gates.SAFE_DECAY`
+    from its first row ``g_p [BK]``: its diagonal tile may then be one matmul (the fast form). A program-wide
+    scalar, so the choice is one branch, with no sync; a NaN row may be skipped by the max, and then reaches
+    the outputs through the fast form's exponentials instead."""
+    return tl.max(tl.max(g_p[None, :] - b_g, axis=1), axis=0) <= _SAFE_DECAY
+
+
+def fast_grad_precision(x: torch.Tensor) -> str:
+    """``input_precision`` of the backward's fast-form matmuls for dq and dk, whose float32 operands carry
+    the factors e^{±b}: IEEE for float32 inputs, three TF32 products (float32's accuracy on tensor cores)
+    for 16-bit ones. (The forward's fast form takes one TF32 product: A and P are rounded to the input
+    dtype right after, and three products there cost the H200's intra kernel 0.37 -> 0.81 ms.)
+    One TF32 product (10 mantissa bits) took the gate gradient of 60-nat sub-chunks to 5.6e-3 relative
+    RMSE against float64 on the H200 (fp16 and bf16), where the exact form gives 2e-4 and 1.4e-3: dg
+    subtracts q ⊙ dq and k ⊙ dk terms far larger than itself there."""
+    return "ieee" if x.dtype == torch.float32 else "tf32x3"
 
 
 def invalid_to_nan(g: torch.Tensor) -> torch.Tensor:

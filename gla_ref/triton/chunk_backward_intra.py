@@ -18,8 +18,13 @@ splits at gc_e, e the last row of the key sub-chunk. The diagonal c × c tile of
 split point: it runs in float32, one column j at a time, with the decays kept as running products
 (as the forward's :func:`chunk_intra._diagonal_tile` does): the dq side walks its columns down,
 E_j = E_{j+1} · exp(gc_{j+1} − gc_j), the dk side walks its rows up, F_j = F_{j−1} · exp(gc_j − gc_{j−1}),
-every factor ≤ 1, so the tile costs 2·c·BK exponentials instead of c²·BK. (In the code, ``i_i`` is
-the program's own sub-chunk.)
+every factor ≤ 1, so the tile costs 2·c·BK exponentials instead of c²·BK (the *exact form*). Where
+the sub-chunk's gates are gentle (every gc_f − gc_j ≤ SAFE_DECAY, as in the forward's fast form) the
+diagonal tile splits at gc_f too, with float32 operands (:func:`_gates.fast_grad_precision`):
+dQ_[s] += (dA_[s][s] (K_[s] ⊙ exp(gc_f − gc_[s]))) ⊙ exp(gc_[s] − gc_f), and dK_[s] the same with dA
+transposed, Q and the two factors swapped; the key factor is at most e^64, and dA is masked above
+the diagonal first. The program picks the form from its own gates (one branch, no sync). (In the code,
+``i_i`` is the program's own sub-chunk.)
 
 Grid ``(⌈K/BK⌉ · C/c, ⌈T/C⌉, B·H)``: a program owns sub-chunk i of one chunk and one key block, i.e.
 the ``c × BK`` tiles of dq and dk. HBM: the rows of dA touching sub-chunk i (c × C and C × c), and
@@ -41,6 +46,7 @@ from gla_ref.triton._common import (
     num_chunks,
     varlen_args,
 )
+from gla_ref.triton._gates import fast_grad_precision, gentle
 from gla_ref.triton._tiles import (
     block_range,
     load_rows,
@@ -101,6 +107,24 @@ def _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H: tl.co
 
 
 @triton.jit
+def _diagonal_by_dot(q, k, dA, b_dq, b_dk, b_g, g_f, base_k, base_A, t, m_t, i_i, o_k, m_k,
+                     H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, PREC: tl.constexpr):
+    """Adds the diagonal tile in its fast form (gentle gates): split at the first row f like the earlier
+    tiles, two c × c by c × BK matmuls with float32 operands, the key-side factor e^{gc_f − gc} ≤ e^64."""
+    o_c = tl.arange(0, c)
+    b_dA = tl.load(dA + base_A + t[:, None] * (H * C) + (i_i * c + o_c)[None, :], mask=m_t[:, None],
+                   other=0.0)                # dA[p + r, p + j], 0 for rows past T
+    b_dA = tl.where(o_c[None, :] <= o_c[:, None], b_dA, 0.0)  # and for j > r (the exact form reads none)
+    b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
+    b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
+    b_up = tl.exp(b_g - g_f[None, :])        # ≤ 1
+    b_down = tl.exp(g_f[None, :] - b_g)      # ≥ 1, ≤ e^SAFE_DECAY
+    b_dq += tl.dot(b_dA, b_k * b_down, input_precision=PREC) * b_up
+    b_dk += tl.dot(tl.trans(b_dA), b_q * b_up, input_precision=PREC) * b_down
+    return b_dq, b_dk
+
+
+@triton.jit
 def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, i_n, i_i, T, o_k, m_k,
                    H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
                    UNROLL: tl.constexpr):
@@ -154,7 +178,8 @@ def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, i_n, i_i, T
 @triton.jit
 def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, H: tl.constexpr,
                            K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
-                           UNROLL: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+                           UNROLL: tl.constexpr, PREC: tl.constexpr, FPREC: tl.constexpr,
+                           IS_VARLEN: tl.constexpr):
     i_ki, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_k, i_i = i_ki // (C // c), i_ki % (C // c)
     i_b, i_h = i_bh // H, i_bh % H
@@ -171,8 +196,13 @@ def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, H
     b_dq = _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
     b_dk = _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
 
-    b_dq, b_dk = _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, i_n, i_i, T,
-                                o_k, m_k, H, K, C, c, BK, UNROLL)
+    g_f = tl.load(gc + base_k + tl.minimum(i_n * C + i_i * c, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)
+    if gentle(b_g, g_f):
+        b_dq, b_dk = _diagonal_by_dot(q, k, dA, b_dq, b_dk, b_g, g_f, base_k, base_A, t, m_t, i_i, o_k, m_k,
+                                      H, K, C, c, FPREC)
+    else:
+        b_dq, b_dk = _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, i_n, i_i, T,
+                                    o_k, m_k, H, K, C, c, BK, UNROLL)
     store_rows(dq + base_k, b_dq, t, m_t, o_k, m_k, H * K)
     store_rows(dk + base_k, b_dk, t, m_t, o_k, m_k, H * K)
 
@@ -187,5 +217,6 @@ def chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size: int, varlen=None):
     dk = torch.empty_like(dq)
     grid = (triton.cdiv(K, BK) * (chunk_size // c), num_chunks(T, chunk_size, varlen), B * H)
     chunk_bwd_intra_kernel[grid](q, k, gc, dA, dq, dk, T=T, H=H, K=K,
-                                 C=chunk_size, c=c, BK=BK, PREC=_precision(q), **varlen_args(varlen))
+                                 C=chunk_size, c=c, BK=BK, PREC=_precision(q),
+                                 FPREC=fast_grad_precision(q), **varlen_args(varlen))
     return dq, dk

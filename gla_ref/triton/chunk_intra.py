@@ -21,6 +21,13 @@ so a column costs K exps (of single log-gates, ≤ 0) instead of c·K, and the t
 multiplications: every factor is ≤ 1, nothing overflows, and a product of at most c − 1 rounded
 factors stays within a few c ulps of exp(gc_i − gc_j) (or underflows where that is below float32).
 (In the kernel's code, ``s`` is the loop's key column and ``j`` its column within the tile.)
+That is the *exact form*. Where the sub-chunk's gates are gentle, every gc_p − gc_j ≤ SAFE_DECAY
+(64 nats; the paper's gates decay about one nat per sub-chunk), the diagonal tile is the split tile
+again with [u] = [s] and the causal mask applied after: the key factor exp(gc_p − gc_j) ≥ 1 is at
+most e^64, so the *fast form* is one c × c matmul with float32 operands (a half operand could overflow
+there; IEEE for float32 inputs, TF32 for 16-bit ones, whose 10-bit operands cost A no more than its own
+rounding to the input dtype), and each product is still q_i k_j exp(gc_i − gc_j).
+The program decides between the two on its own gates (:func:`_gates.gentle`, one branch, no sync).
 
 Grid ``(C/c, ⌈T/C⌉, B·H)``: a program owns the c × C row strip of A of one query sub-chunk (its
 tiles left of the diagonal, the diagonal tile, zeros right of it), with the whole K (≤ 256, padded
@@ -47,6 +54,7 @@ from gla_ref.triton._common import (
     num_chunks,
     varlen_args,
 )
+from gla_ref.triton._gates import gentle
 from gla_ref.triton._tiles import load_rows, program_chunk, store_rows, token_base
 from gla_ref.triton.chunk_state import _precision
 
@@ -61,7 +69,8 @@ def _configs():
 
 @triton.jit
 def _split_tile(k, gc, b_qt, g_p, s0, T, o_c, o_k, m_k, HK: tl.constexpr, PREC: tl.constexpr):
-    """A[i∈[s], j∈[u]] / scale for the key sub-chunk [u] starting at token s0 < p: the split-at-gc_p matmul."""
+    """A[i∈[s], j∈[u]] / scale for the key sub-chunk [u] starting at token s0 ≤ p: the split-at-gc_p matmul,
+    its operands in ``b_qt``'s dtype (float32 for the fast diagonal, s0 = p)."""
     s = s0 + o_c
     b_k = load_rows(k, s, s < T, o_k, m_k, HK)
     b_gk = load_rows(gc, s, s < T, o_k, m_k, HK)
@@ -108,12 +117,17 @@ def chunk_intra_kernel(q, k, gc, A, cu_seqlens, chunk_indices, scale, T, H: tl.c
     b_q = load_rows(q, t, m_t, o_k, m_k, H * K).to(tl.float32)
     b_g = tl.load(gc + tl.minimum(t, T - 1)[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
     g_p = tl.load(gc + p * (H * K) + o_k, mask=m_k, other=0.0)
-    b_qt = (b_q * tl.exp(b_g - g_p[None, :])).to(k.dtype.element_ty)  # rows past T repeat gc row T−1
+    b_qt = b_q * tl.exp(b_g - g_p[None, :])         # rows past T repeat gc row T−1
+    b_qh = b_qt.to(k.dtype.element_ty)
     for j in range(i_i):
-        b_a = _split_tile(k, gc, b_qt, g_p, i_n * C + j * c, T, o_c, o_k, m_k, H * K, PREC)
+        b_a = _split_tile(k, gc, b_qh, g_p, i_n * C + j * c, T, o_c, o_k, m_k, H * K, PREC)
         store_rows(p_A, b_a * scale, t, m_t, j * c + o_c, o_c < c, H * C)
 
-    b_D = _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, H * K, c)
+    if gentle(b_g, g_p):                             # fast form: the split tile of [s] with itself
+        b_D = _split_tile(k, gc, b_qt, g_p, p, T, o_c, o_k, m_k, H * K, PREC)
+        b_D = tl.where(o_c[None, :] <= o_c[:, None], b_D, 0.0)
+    else:
+        b_D = _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, H * K, c)
     store_rows(p_A, b_D * scale, t, m_t, i_i * c + o_c, o_c < c, H * C)
     store_rows(p_A, tl.zeros([c, C], dtype=tl.float32), t, m_t, o_C, o_C >= i_i * c + c, H * C)
 

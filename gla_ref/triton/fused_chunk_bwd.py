@@ -36,9 +36,19 @@ program. HBM traffic of kernels 1 and 2 then reads q, k, g once per slice and wr
 The dg output doubles as the only intermediate: kernel 1 stores ``q ⊙ dq`` there (from the float32
 dq, before dq is rounded to its dtype; in g's dtype, float32 for float32 gates) and kernel 2 reads
 it back and overwrites it with dg. The
-backward allocates dq, dk, dv, dg and dh0 and, for V ≤ 256, nothing else. The intra-chunk sums run one key j
-(dq) or one query i (dk, P) at a time, reading that token's row, so no loop step needs a reduction
-across the rows of a tile.
+backward allocates dq, dk, dv, dg and dh0 and, for V ≤ 256, nothing else.
+
+The intra-chunk sums (dq's over j ≤ i, dk's over i ≥ j, and dv's P) have the forward's two forms,
+picked per program and chunk by :func:`~gla_ref.triton.fused_chunk_fwd.gentle_chunk` (for kernels 1
+and 2 on the gates of their own keys). The exact form runs one key j (dq) or one query i (dk, P) at a
+time, reading that token's row, so no loop step needs a reduction across the rows of a tile, and
+every exponent is ≤ 0. Where the chunk decays by at most SAFE_DECAY (64 nats) from its start, the
+fast form splits every exponent there, one matmul each with float32 operands and the mask M first:
+
+    dQ = ((dP ⊙ M) (K ⊙ exp(−b))) ⊙ exp b,     dK = ((dP ⊙ M)ᵀ (Q ⊙ exp b)) ⊙ exp(−b)
+
+and P as in the forward; ``exp(−b) ≤ e^64`` fits float32, and each product is still a term
+``dP_ij k_j exp(b_i − b_j)`` (or with q_i) of the exact sums, so they are as accurate as any matmul.
 """
 
 from __future__ import annotations
@@ -48,14 +58,18 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune
+from gla_ref.triton._gates import fast_grad_precision
 from gla_ref.triton._tiles import sequence_tokens, token_bases
 from gla_ref.triton.fused_chunk_fwd import (
+    causal,
     chunk_gates,
     col,
     configs,
     decay_from,
     decay_to,
     dot,
+    fast_scores,
+    gentle_chunk,
     launch_meta,
     load_gate_row,
     load_row,
@@ -79,6 +93,22 @@ def query_decays(q, g, n, i, b, b_i, o_k, scale, T, K: tl.constexpr, HK: tl.cons
 
 
 @triton.jit
+def fast_dq(dP, b_k, b, C: tl.constexpr, PREC: tl.constexpr):
+    """``Σ_{j ≤ i} dP_ij k_j ⊙ exp(b_i − b_j)`` in the fast form, from dP [query i, key j]:
+    ``((dP ⊙ M) (K ⊙ exp(−b))) ⊙ exp b``."""
+    return tl.dot(causal(dP, C), b_k * tl.exp(-b), input_precision=PREC) * tl.exp(b)
+
+
+@triton.jit
+def fast_dk(dPT, b_q, b, C: tl.constexpr, PREC: tl.constexpr):
+    """``Σ_{i ≥ j} dP_ij q_i ⊙ exp(b_i − b_j)`` in the fast form, from ``dPᵀ`` [key j, query i]:
+    ``((dP ⊙ M)ᵀ (Q ⊙ exp b)) ⊙ exp(−b)``."""
+    o_c = tl.arange(0, C)
+    dPT = tl.where(o_c[:, None] <= o_c[None, :], dPT, 0.0)  # (dP ⊙ M)ᵀ: j ≤ i
+    return tl.dot(dPT, b_q * tl.exp(b), input_precision=PREC) * tl.exp(-b)
+
+
+@triton.jit
 def state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC: tl.constexpr):
     """The state gradient one chunk earlier: ``diag(exp b_C) dS + scale · (Q ⊙ exp b)ᵀ dO``."""
     return dS * tl.exp(b_last)[:, None] + dot(tl.trans(b_q * scale * tl.exp(b)), b_do, tl.float32, PREC)
@@ -88,7 +118,7 @@ def state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC: tl.constexpr):
 @triton.jit
 def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                   BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                   BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, FPREC: tl.constexpr,
                    USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_k, i_bh, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -112,13 +142,16 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T
         b_do = load_tile(do, rows, o_v, T, V, H * V)
         dP = dot(b_do, tl.trans(b_v), DT, PREC)
         b_dq = dot(b_do, tl.trans(S), tl.float32, PREC) * tl.exp(b)
-        b_j = tl.zeros([BK], dtype=tl.float32)
-        for j in range(C):  # key j reaches the queries i ≥ j with decay exp(b_i − b_j)
-            t_j = tl.cast(n * C + j, tl.int64)
-            if USE_G:
-                b_j += load_gate_row(g, t_j, o_k, T, K, H * K)
-            k_j = load_row(k, t_j, o_k, T, K, H * K)
-            b_dq += col(dP, j, C)[:, None] * k_j[None, :] * decay_from(b, b_j, j, C)
+        if gentle_chunk(b_last):
+            b_dq += fast_dq(dP, b_k, b, C, FPREC)
+        else:  # the exact form
+            b_j = tl.zeros([BK], dtype=tl.float32)
+            for j in range(C):  # key j reaches the queries i ≥ j with decay exp(b_i − b_j)
+                t_j = tl.cast(n * C + j, tl.int64)
+                if USE_G:
+                    b_j += load_gate_row(g, t_j, o_k, T, K, H * K)
+                k_j = load_row(k, t_j, o_k, T, K, H * K)
+                b_dq += col(dP, j, C)[:, None] * k_j[None, :] * decay_from(b, b_j, j, C)
         b_dq *= scale
         store_tile(dq, rows, o_k, T, K, H * K, b_dq)
         if USE_G:  # q ⊙ dq, the first term of dB, kept in dg's buffer for kernel 2
@@ -129,7 +162,7 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T
 @triton.jit  # not autotuned: it overwrites its input dg, so an autotuner's rerun would read dg for q ⊙ dq
 def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part_stride, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                   BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                   BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, FPREC: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_k, i_bh, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -159,11 +192,14 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part
         b_v = load_tile(v, rows, o_v, T, V, H * V)
         b_do = load_tile(do, rows, o_v, T, V, H * V)
         dPT = dot(b_v, tl.trans(b_do), DT, PREC)  # dPᵀ: [key j, query i]
-        b_dk = tl.zeros([C, BK], dtype=tl.float32)
-        b_i = tl.zeros([BK], dtype=tl.float32)
-        for i in range(C):  # query i reaches the keys j ≤ i
-            qe, b_i = query_decays(q, g, n, i, b, b_i, o_k, scale, T, K, H * K, C, USE_G)
-            b_dk += col(dPT, i, C)[:, None] * qe
+        if gentle_chunk(b_last):
+            b_dk = fast_dk(dPT, b_q * scale, b, C, FPREC)
+        else:  # the exact form
+            b_dk = tl.zeros([C, BK], dtype=tl.float32)
+            b_i = tl.zeros([BK], dtype=tl.float32)
+            for i in range(C):  # query i reaches the keys j ≤ i
+                qe, b_i = query_decays(q, g, n, i, b, b_i, o_k, scale, T, K, H * K, C, USE_G)
+                b_dk += col(dPT, i, C)[:, None] * qe
         b_dk += dot(b_v, tl.trans(dS), tl.float32, PREC) * tl.exp(b_last[None, :] - b)
         store_tile(dk, rows, o_k, T, K, H * K, b_dk)
         if USE_G:
@@ -203,11 +239,14 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T,
         b_q = load_tile(q, rows, o_k, T, K, H * K)
         b_k = load_tile(k, rows, o_k, T, K, H * K)
         b_do = load_tile(do, rows, o_v, T, V, H * V)
-        PT = tl.zeros([C, C], dtype=tl.float32)  # Pᵀ [key j, query i], one query column at a time
-        b_i = tl.zeros([BK], dtype=tl.float32)
-        for i in range(C):
-            qe, b_i = query_decays(q, g, n, i, b, b_i, o_k, scale, T, K, H * K, C, USE_G)
-            PT += tl.where((o_c == i)[None, :], tl.sum(qe * b_k, axis=1)[:, None], 0.0)
+        if gentle_chunk(b_last):  # Pᵀ [key j, query i]
+            PT = tl.trans(fast_scores(b_q * scale, b_k, b, C, PREC))
+        else:  # the exact form, one query column at a time
+            PT = tl.zeros([C, C], dtype=tl.float32)
+            b_i = tl.zeros([BK], dtype=tl.float32)
+            for i in range(C):
+                qe, b_i = query_decays(q, g, n, i, b, b_i, o_k, scale, T, K, H * K, C, USE_G)
+                PT += tl.where((o_c == i)[None, :], tl.sum(qe * b_k, axis=1)[:, None], 0.0)
         b_kd = b_k * tl.exp(b_last[None, :] - b)  # exp(b_C − b) ≤ 1: key to the end of the chunk
         store_tile(dv, rows, o_v, T, V, H * V, dot(PT, b_do, DT, PREC) + dot(b_kd, dS, tl.float32, PREC))
         dS = state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC)
@@ -228,6 +267,7 @@ def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size, varlen=
     dv = torch.empty_like(v)
     dh0 = None if h0 is None else torch.empty_like(h0)
     flags = dict(USE_G=g is not None, USE_DHT=dht is not None)
+    key_meta["FPREC"] = fast_grad_precision(q)  # dq and dk from the fast form: float32 sums, dg subtracts them
     _bwd_dq_kernel[key_grid](q, k, v, g, do, dq, dg, h0, scale=scale, part_stride=q.numel(), **key_meta,
                              USE_G=g is not None, USE_H0=h0 is not None)
     tuned = _bwd_dq_kernel.best_config  # kernel 2 sweeps the same tiles in reverse: it takes kernel 1's config

@@ -9,12 +9,23 @@ the chunk start (≤ 0, decreasing) and ``b_C`` its last row:
     O   = (Q ⊙ exp b) S  +  P V,      P_ij = scale · Σ_c q_ic k_jc exp(b_ic − b_jc)  (i ≥ j)
     S  ← diag(exp b_C) S  +  (K ⊙ exp(b_C − b))ᵀ V
 
-P is built one key column j at a time (k_j and b_j read row by row), so every exponent is
-``b_i − b_j ≤ 0``: the stable relative form, with no ``K / Λ`` to overflow. The work of that loop
-grows with C, which is why C = 16 is the default; the ``⌈V/BV⌉`` programs of a head each rebuild
-P. Matmuls that touch the float32 state take float32 operands (IEEE for fp32 inputs; TF32 for
-16-bit inputs, which TF32 holds exactly), so S is never rounded to 16 bits; P V and dO Vᵀ take
-the input dtype.
+P has two forms. The *exact form* builds it one key column j at a time (k_j and b_j read row by
+row), so every exponent is ``b_i − b_j ≤ 0``: stable for any gate, with no ``K / Λ`` to overflow,
+but C·C·BK exponentials in a loop of C latency-bound steps, whose work grows with C: that is why
+C = 16 is the default. Where the chunk is *gentle*, every key decaying by at most SAFE_DECAY
+(64 nats) from the chunk start (``−b_C ≤ 64``, b = 0 there), the *fast form* splits every exponent
+at the chunk start, one matmul with the causal mask M (i ≥ j) applied after it:
+
+    P = ((Q ⊙ exp b) (K ⊙ exp(−b))ᵀ) ⊙ M
+
+``exp b ≤ 1`` and ``exp(−b) ≤ e^64 ≈ 6e27`` fit float32 (up to e^88; fp16 overflows past e^11), and
+each product is still ``q_i k_j exp(b_i − b_j)``, at most ``|q_i k_j|`` inside the mask: P is as
+accurate as any matmul. A program picks the form per chunk from its own gates (:func:`gentle_chunk`,
+one scalar branch, no sync); a NaN of an invalid gate reaches P in either, through exp b in the fast
+form. The ``⌈V/BV⌉`` programs of a head each rebuild P. Matmuls that touch the float32 state take
+float32 operands (IEEE for fp32 inputs; TF32 for 16-bit inputs, which TF32 holds exactly), so S is
+never rounded to 16 bits; so do the fast form's (its decayed operands would overflow fp16; TF32 costs
+no more than P's own rounding to the input dtype for P V); P V and dO Vᵀ take the input dtype.
 
 HBM traffic: q, k, g read ``⌈V/BV⌉`` times, v once, o written once, the final state when asked.
 Nothing else is allocated or stored.
@@ -31,7 +42,7 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton._common import autotune, autotune_configs, block, num_sequences
-from gla_ref.triton._gates import at_most_zero, valid_gate
+from gla_ref.triton._gates import at_most_zero, gentle, valid_gate
 from gla_ref.triton._tiles import sequence_tokens, token_bases
 
 STATE_ELEMENTS = 8192
@@ -48,7 +59,7 @@ within :data:`STATE_ELEMENTS` (V = 1024 whole would take 16 × 1024); those prog
 values (dq, dk, dg) are then float32 partials, one per slice, that the launcher adds up."""
 
 CHUNK_SIZES = (16, 32, 64)
-"""Chunk sizes the kernels accept: C × C tiles feed tl.dot (≥ 16); the intra-chunk loop costs O(C) a token."""
+"""Chunk sizes the kernels accept: C × C tiles feed tl.dot (≥ 16); the exact form's loop costs O(C) a token."""
 
 
 def configs():
@@ -168,6 +179,27 @@ def decay_to(b, b_i, i, C: tl.constexpr):
 
 
 @triton.jit
+def gentle_chunk(b_last):
+    """Whether every key decays by at most SAFE_DECAY from the chunk start (b = 0 there) to its last row
+    ``b_C``, the lowest of b (:func:`~gla_ref.triton._gates.gentle`): the chunk may take the fast form."""
+    return gentle(b_last[None, :], tl.zeros_like(b_last))
+
+
+@triton.jit
+def causal(x, C: tl.constexpr):
+    """``x ⊙ M`` for a ``[C, C]`` tile [query i, key j]: the entries j > i zeroed (a NaN or inf of the
+    fast form's products there too)."""
+    o_c = tl.arange(0, C)
+    return tl.where(o_c[:, None] >= o_c[None, :], x, 0.0)
+
+
+@triton.jit
+def fast_scores(b_q, b_k, b, C: tl.constexpr, PREC: tl.constexpr):
+    """P in the fast form (gentle chunk): ``((Q ⊙ exp b) (K ⊙ exp(−b))ᵀ) ⊙ M``, float32 operands."""
+    return causal(tl.dot(b_q * tl.exp(b), tl.trans(b_k * tl.exp(-b)), input_precision=PREC), C)
+
+
+@triton.jit
 def dot(a, b, DT: tl.constexpr, PREC: tl.constexpr):
     """``a @ b`` with operands cast to DT, float32 accumulation."""
     return tl.dot(a.to(DT), b.to(DT), input_precision=PREC)
@@ -206,14 +238,17 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T,
         b_q = load_tile(q, rows, o_k, T, K, H * K) * scale
         b_k = load_tile(k, rows, o_k, T, K, H * K)
         b_v = load_tile(v, rows, o_v, T, V, H * V)
-        P = tl.zeros([C, C], dtype=tl.float32)
-        b_j = tl.zeros([BK], dtype=tl.float32)
-        for j in range(C):  # key column j: P_ij = q_i · (k_j ⊙ exp(b_i − b_j))
-            t_j = tl.cast(n * C + j, tl.int64)
-            if USE_G:
-                b_j += load_gate_row(g, t_j, o_k, T, K, H * K)
-            P_j = tl.sum(b_q * decay_from(b, b_j, j, C) * load_row(k, t_j, o_k, T, K, H * K)[None, :], axis=1)
-            P += tl.where((o_c == j)[None, :], P_j[:, None], 0.0)
+        if gentle_chunk(b_last):
+            P = fast_scores(b_q, b_k, b, C, PREC)
+        else:  # the exact form
+            P = tl.zeros([C, C], dtype=tl.float32)
+            b_j = tl.zeros([BK], dtype=tl.float32)
+            for j in range(C):  # key column j: P_ij = q_i · (k_j ⊙ exp(b_i − b_j))
+                t_j = tl.cast(n * C + j, tl.int64)
+                if USE_G:
+                    b_j += load_gate_row(g, t_j, o_k, T, K, H * K)
+                P_j = tl.sum(b_q * decay_from(b, b_j, j, C) * load_row(k, t_j, o_k, T, K, H * K)[None, :], axis=1)
+                P += tl.where((o_c == j)[None, :], P_j[:, None], 0.0)
         b_o = dot(b_q * tl.exp(b), S, tl.float32, PREC) + dot(P, b_v, DT, PREC)
         store_tile(o, rows, o_v, T, V, H * V, b_o)  # the sum over every key: o's final value
         S = state_step(S, b_k, b_v, b, b_last, PREC)
