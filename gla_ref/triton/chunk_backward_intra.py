@@ -73,11 +73,10 @@ def _gate_rows(p_g, t, T, o_k, m_k, HK: tl.constexpr):
 
 
 @triton.jit
-def _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, i_n, i_i, T, o_k, m_k, H: tl.constexpr,
+def _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, g_f, i_n, i_i, T, o_k, m_k, H: tl.constexpr,
                 K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """dq of sub-chunk i from the key sub-chunks j < i, split at gc_f (f: first row of i)."""
+    """dq of sub-chunk i from the key sub-chunks j < i, split at gc_f (``g_f``, the gates of f: first row of i)."""
     o_c = tl.arange(0, c)
-    g_f = tl.load(gc + base_k + tl.minimum(i_n * C + i_i * c, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)
     b_dq = tl.zeros([c, BK], dtype=tl.float32)
     for j in range(i_i):
         t_j = i_n * C + j * c + o_c
@@ -193,10 +192,10 @@ def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, H
     base_A = token_base(bos, i_h, H, C)
     b_g = _gate_rows(gc + base_k, t, T, o_k, m_k, H * K)
 
-    b_dq = _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
+    g_f = tl.load(gc + base_k + tl.minimum(i_n * C + i_i * c, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)
+    b_dq = _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, g_f, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
     b_dk = _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
 
-    g_f = tl.load(gc + base_k + tl.minimum(i_n * C + i_i * c, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)
     if gentle(b_g, g_f):
         b_dq, b_dk = _diagonal_by_dot(q, k, dA, b_dq, b_dk, b_g, g_f, base_k, base_A, t, m_t, i_i, o_k, m_k,
                                       H, K, C, c, FPREC)

@@ -44,6 +44,7 @@ import triton.language as tl
 from gla_ref.triton._common import autotune, autotune_configs, block, num_sequences
 from gla_ref.triton._gates import at_most_zero, gentle, valid_gate
 from gla_ref.triton._tiles import sequence_tokens, token_bases
+from gla_ref.triton.chunk_state import _precision
 
 STATE_ELEMENTS = 8192
 """Float32 state elements a program holds: 32 KiB, 64 registers a thread at 4 warps (of 255).
@@ -83,7 +84,7 @@ def launch_meta(q, v, chunk_size, whole, varlen=None):
         BK = min(block(K), max(16, STATE_ELEMENTS // BV))
         grid = (triton.cdiv(K, BK), num_sequences(B, varlen) * H, triton.cdiv(V, BV))
     meta = dict(T=T, H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
-                PREC="ieee" if q.dtype == torch.float32 else "tf32",
+                PREC=_precision(q),
                 cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)
     return grid, meta
 
