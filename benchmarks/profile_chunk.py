@@ -1,10 +1,11 @@
 """Where the time of chunk GLA goes: CUDA time per kernel of our ``chunk_gla`` and FLA's, forward+backward.
 
-Run on a CUDA GPU: ``python benchmarks/profile_chunk.py [--T 4096] [--only chunk_gla] [--out PATH]``. Each implementation runs a
-few warm-up steps (autotuning happens there), then ``torch.profiler`` records ``--steps`` forward+backward
-steps; the CUDA time of every kernel is summed over them and divided by the step count. Writes
-``benchmarks/results/chunk_profile_<device>.json`` (stamped with device, versions, date) and prints a table.
-B=8, H=16, K=V=128, bf16 inputs, as in the speed benchmark.
+Run on a CUDA GPU: ``python benchmarks/profile_chunk.py [--T 4096] [--shape 128x128] [--forward] [--only chunk_gla]
+[--out PATH]``. Each implementation runs a few warm-up steps (autotuning happens there), then ``torch.profiler``
+records ``--steps`` forward+backward steps (forward steps alone with ``--forward``); the CUDA time of every kernel
+is summed over them and divided by the step count. Writes ``benchmarks/results/chunk_profile_<device>.json``
+(stamped with device, versions, date) and prints a table. B=8, H=16, bf16 inputs, as in the speed benchmark;
+K×V from ``--shape`` (default 128x128).
 """
 
 from __future__ import annotations
@@ -41,11 +42,16 @@ def implementations(only=None):
     return {name: run for name, run in runs.items() if not only or name in only}
 
 
-def kernel_times(fn, inputs, steps):
-    """Mean CUDA milliseconds per step of every kernel launched by ``steps`` forward+backward steps."""
+def kernel_times(fn, inputs, steps, forward=False):
+    """Mean CUDA milliseconds per step of every kernel launched by ``steps`` forward+backward steps
+    (forward steps under ``torch.no_grad`` when ``forward``)."""
     do = torch.randn_like(inputs[2])
 
     def step():
+        if forward:
+            with torch.no_grad():
+                fn(*inputs)
+            return
         for x in inputs:  # fresh gradients: no autograd accumulation into old ones in the profile
             x.grad = None
         fn(*inputs).backward(do)
@@ -68,12 +74,16 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--T", type=int, nargs="+", default=[4096])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--shape", default="128x128", help="KxV of the heads")
+    parser.add_argument("--forward", action="store_true", help="profile forward steps only")
     parser.add_argument("--out", type=pathlib.Path)
     parser.add_argument("--only", nargs="+", choices=("chunk_gla", "fla.chunk_gla"),
                         help="implementations to profile (default both)")
     args = parser.parse_args()
     bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
-    B, H, K, V = 8, 16, 128, 128
+    B, H = 8, 16
+    K, V = (int(n) for n in args.shape.split("x"))
+    step_kind = "fwd" if args.forward else "fwd+bwd"
     env = bench.environment()
     slug = bench.slug(env["device"])
     path = args.out or RESULTS / f"chunk_profile_{slug}.json"
@@ -81,9 +91,10 @@ def main():
     for T in args.T:
         inputs = make_inputs(B, T, H, K, V, "gla")
         for name, fn in implementations(args.only).items():
-            kernels = kernel_times(fn, inputs, args.steps)
-            rows.append({"T": T, "name": name, "total_ms": sum(kernels.values()), "kernels_ms": kernels})
-            print(f"\nT={T} {name}: {sum(kernels.values()):.3f} ms per fwd+bwd step", flush=True)
+            kernels = kernel_times(fn, inputs, args.steps, args.forward)
+            rows.append({"T": T, "name": name, "step": step_kind, "total_ms": sum(kernels.values()),
+                         "kernels_ms": kernels})
+            print(f"\nT={T} {name}: {sum(kernels.values()):.3f} ms per {step_kind} step", flush=True)
             for kname, ms in kernels.items():
                 print(f"  {ms:8.3f} ms  {kname[:100]}")
             result = {"env": env, "shape": {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16"}, "rows": rows}

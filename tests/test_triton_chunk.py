@@ -38,6 +38,10 @@ MIXED_TAU = 0.25
 """A gate temperature whose 16-token sub-chunks of the T=70 case decay by 60-72 nats: two take the diagonal
 tiles' exact form, two the fast form with key factors up to e^62 (test_mixed_case_takes_both_forms)."""
 
+CHUNK_TAU = 0.9
+"""A gate temperature whose two full 64-token chunks of the T=140 case decay by 67 and 61 nats: the first builds A
+by sub-chunks, the second as one whole-chunk matmul with key factors up to e^61 (test_chunk_case_takes_both_forms)."""
+
 
 class Case(NamedTuple):
     dtype: torch.dtype
@@ -66,6 +70,7 @@ def _cases():
         Case(F16, 1, 19, 1, 20, 24, gate_dtype=F16),  # 16-bit gates: dg comes back in fp16
         Case(F32, 1, 70, 1, 20, 24, tau=0.05),  # gates near -14 per token: Γ reaches ~-900 in a chunk
         *(Case(dtype, 1, 70, 1, 20, 24, tau=MIXED_TAU) for dtype in (F32, *half)),  # both diagonal forms
+        *(Case(dtype, 1, 140, 1, 20, 24, tau=CHUNK_TAU) for dtype in (F32, *half)),  # whole chunk and sub-chunks
         Case(F32, 1, 70, 1, 64, 256, C=32),  # V = 256, the largest value dimension
     ]
     if CUDA:
@@ -106,6 +111,14 @@ def test_mixed_case_takes_both_forms():
     (the fast one where every decay from the sub-chunk's first token is within it) in one call."""
     g = random_inputs(1, 70, 1, 20, 24, "gla", seed=70 + 20 + 64, tau=MIXED_TAU)["g"][0, :, 0]
     decays = [(-g[p + 1:p + 16].sum(0)).max() for p in range(0, 64, 16)]  # b_p − b_{p+15}, the steepest key
+    assert min(decays) <= SAFE_DECAY < max(decays), decays
+
+
+def test_chunk_case_takes_both_forms():
+    """The CHUNK_TAU case's two full chunks straddle SAFE_DECAY, so the forward builds A as one whole-chunk matmul
+    in one of them and by sub-chunks in the other, in one call."""
+    g = random_inputs(1, 140, 1, 20, 24, "gla", seed=140 + 20 + 64, tau=CHUNK_TAU)["g"][0, :, 0]
+    decays = [(-g[s + 1:s + 64].sum(0)).max() for s in (0, 64)]  # gc_s − gc_{s+63}, the steepest key
     assert min(decays) <= SAFE_DECAY < max(decays), decays
 
 

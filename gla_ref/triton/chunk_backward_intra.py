@@ -24,13 +24,20 @@ diagonal tile splits at gc_f too, with float32 operands (:func:`_gates.fast_grad
 dQ_[s] += (dA_[s][s] (K_[s] ⊙ exp(gc_f − gc_[s]))) ⊙ exp(gc_[s] − gc_f), and dK_[s] the same with dA
 transposed, Q and the two factors swapped; the key factor is at most e^64, and dA is masked above
 the diagonal first. The program picks the form from its own gates (one branch, no sync). (In the code,
-``i_i`` is the program's own sub-chunk.)
+``i_i`` is a sub-chunk of the program's chunk.)
 
-Grid ``(⌈K/BK⌉ · C/c, ⌈T/C⌉, B·H)``: a program owns sub-chunk i of one chunk and one key block, i.e.
-the ``c × BK`` tiles of dq and dk. HBM: the rows of dA touching sub-chunk i (c × C and C × c), and
-q, k, gc of the chunk's ``C × BK`` block read; dq, dk written once in float32 for the inter-chunk
-kernel to add to. Packed batch (``varlen``): grid ``(⌈K/BK⌉ · C/c, NT, H)`` over the NT chunks of
-all sequences, a program reading its row of the chunk table and its sequence's two offsets.
+Before any of that, the program checks its whole chunk's ``C × BK`` gate block: where every
+gc_0 − gc_j ≤ SAFE_DECAY (gc_0 its first row), every pair splits at gc_0 at once (the *whole-chunk
+form*, as in the forward's :mod:`chunk_intra`): dQ = (dA (K ⊙ exp(gc_0 − gc))) ⊙ exp(gc − gc_0) and
+dK = (dAᵀ (Q ⊙ exp(gc − gc_0))) ⊙ exp(gc_0 − gc), two C × C by C × BK matmuls at the fast form's
+precision, dA masked above the diagonal first. Steeper chunks go sub-chunk by sub-chunk as above.
+
+Grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: a program owns one chunk and one key block, i.e. the ``C × BK``
+tiles of dq and dk (by sub-chunks of c rows in the sub-chunk forms). HBM: the chunk's dA rows and
+q, k, gc of its ``C × BK`` block read (the sub-chunk forms read other sub-chunks' rows again, from
+L2); dq, dk written once in float32 for the inter-chunk kernel to add to. Packed batch (``varlen``):
+grid ``(⌈K/BK⌉, NT, H)`` over the NT chunks of all sequences, a program reading its row of the chunk
+table and its sequence's two offsets.
 """
 
 from __future__ import annotations
@@ -173,29 +180,36 @@ def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, i_n, i_i, T
     return b_dq, b_dk
 
 
-@autotune(_configs(), ["K", "C", "IS_VARLEN"])
 @triton.jit
-def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, H: tl.constexpr,
-                           K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
-                           UNROLL: tl.constexpr, PREC: tl.constexpr, FPREC: tl.constexpr,
-                           IS_VARLEN: tl.constexpr):
-    i_ki, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_k, i_i = i_ki // (C // c), i_ki % (C // c)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
-    o_c = tl.arange(0, c)
-    r = i_i * c + o_c                        # this sub-chunk's rows, inside the chunk
+def _whole_chunk(q, k, dA, b_g, g_0, base_k, base_A, t, m_t, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
+                 C: tl.constexpr, PREC: tl.constexpr):
+    """dq, dk of the chunk's ``C × BK`` tile with its gates gentle: every pair split at the first row
+    (gates ``g_0``), two C × C by C × BK matmuls with float32 operands, the key-side factor e^{gc_0 − gc} ≤ e^64."""
+    o_C = tl.arange(0, C)
+    b_dA = tl.load(dA + base_A + t[:, None] * (H * C) + o_C[None, :], mask=m_t[:, None], other=0.0)
+    b_dA = tl.where(o_C[None, :] <= o_C[:, None], b_dA, 0.0)
+    b_up = tl.exp(b_g - g_0[None, :])        # ≤ 1
+    b_down = tl.exp(g_0[None, :] - b_g)      # ≥ 1, ≤ e^SAFE_DECAY
+    b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
+    b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
+    b_dq = tl.dot(b_dA, b_k * b_down, input_precision=PREC) * b_up
+    b_dk = tl.dot(tl.trans(b_dA), b_q * b_up, input_precision=PREC) * b_down
+    return b_dq, b_dk
+
+
+@triton.jit
+def _sub_chunk(q, k, gc, dA, dq, dk, base_k, base_A, i_n, i_i, T, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
+               C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, UNROLL: tl.constexpr, PREC: tl.constexpr,
+               FPREC: tl.constexpr):
+    """dq, dk of sub-chunk ``i_i``'s ``c × BK`` tile: split tiles against the other sub-chunks, the diagonal
+    tile in its fast or exact form; stored in float32."""
+    r = i_i * c + tl.arange(0, c)            # this sub-chunk's rows, inside the chunk
     t = i_n * C + r
     m_t = t < T
-    o_k, m_k = block_range(i_k, BK, K)
-    base_k = token_base(bos, i_h, H, K)
-    base_A = token_base(bos, i_h, H, C)
     b_g = _gate_rows(gc + base_k, t, T, o_k, m_k, H * K)
-
     g_f = tl.load(gc + base_k + tl.minimum(i_n * C + i_i * c, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)
     b_dq = _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, g_f, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
     b_dk = _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
-
     if gentle(b_g, g_f):
         b_dq, b_dk = _diagonal_by_dot(q, k, dA, b_dq, b_dk, b_g, g_f, base_k, base_A, t, m_t, i_i, o_k, m_k,
                                       H, K, C, c, FPREC)
@@ -206,6 +220,33 @@ def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, H
     store_rows(dk + base_k, b_dk, t, m_t, o_k, m_k, H * K)
 
 
+@autotune(_configs(), ["K", "C", "IS_VARLEN"])
+@triton.jit
+def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, H: tl.constexpr,
+                           K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
+                           UNROLL: tl.constexpr, PREC: tl.constexpr, FPREC: tl.constexpr,
+                           IS_VARLEN: tl.constexpr):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    o_k, m_k = block_range(i_k, BK, K)
+    base_k = token_base(bos, i_h, H, K)
+    base_A = token_base(bos, i_h, H, C)
+    t = i_n * C + tl.arange(0, C)
+    m_t = t < T
+    b_g = _gate_rows(gc + base_k, t, T, o_k, m_k, H * K)
+    g_0 = tl.load(gc + base_k + i_n * C * (H * K) + o_k, mask=m_k, other=0.0)
+    if gentle(b_g, g_0):                     # the whole chunk's tile in two matmuls
+        b_dq, b_dk = _whole_chunk(q, k, dA, b_g, g_0, base_k, base_A, t, m_t, o_k, m_k, H, K, C, FPREC)
+        store_rows(dq + base_k, b_dq, t, m_t, o_k, m_k, H * K)
+        store_rows(dk + base_k, b_dk, t, m_t, o_k, m_k, H * K)
+    else:
+        for i_i in range(C // c):
+            if i_n * C + i_i * c < T:
+                _sub_chunk(q, k, gc, dA, dq, dk, base_k, base_A, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, UNROLL,
+                           PREC, FPREC)
+
+
 def chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size: int, varlen=None):
     """The intra-chunk dq, dk ``[B, T, H, K]`` in float32, from dA ``[B, T, H, C]`` (scale and mask
     included); chunks of each packed sequence with ``varlen``."""
@@ -214,7 +255,7 @@ def chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size: int, varlen=None):
     BK = min(64, block(K))
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(dq)
-    grid = (triton.cdiv(K, BK) * (chunk_size // c), num_chunks(T, chunk_size, varlen), B * H)
+    grid = (triton.cdiv(K, BK), num_chunks(T, chunk_size, varlen), B * H)
     chunk_bwd_intra_kernel[grid](q, k, gc, dA, dq, dk, T=T, H=H, K=K,
                                  C=chunk_size, c=c, BK=BK, PREC=_precision(q),
                                  FPREC=fast_grad_precision(q), **varlen_args(varlen))

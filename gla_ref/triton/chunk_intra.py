@@ -29,14 +29,23 @@ there; IEEE for float32 inputs, TF32 for 16-bit ones, whose 10-bit operands cost
 rounding to the input dtype), and each product is still q_i k_j exp(gc_i − gc_j).
 The program decides between the two on its own gates (:func:`_gates.gentle`, one branch, no sync).
 
-Grid ``(C/c, ⌈T/C⌉, B·H)``: a program owns the c × C row strip of A of one query sub-chunk (its
-tiles left of the diagonal, the diagonal tile, zeros right of it), with the whole K (≤ 256, padded
-to a power of two) in one block: every entry of A is a sum over all K, and A does not involve V.
-HBM: the strip's q and gc rows, k and gc rows of sub-chunks [u], u ≤ s (the earlier ones shared in
-L2 with the strip's neighbours), A written once in q's dtype with zeros above the diagonal (its two
-readers, the output kernel and the backward's dv kernel, round it to that dtype for their dots anyway,
-so a float32 A would only double its bytes and change no result). Packed
-batch (``varlen``): grid ``(C/c, NT, H)`` over the NT chunks of all sequences, each program reading
+Before any of that, the program checks its whole chunk: where every gc_0 − gc_j ≤ SAFE_DECAY (gc_0 its
+first row; gc falls along the chunk, so its last row decides), all of A splits at gc_0 at once,
+
+    A = scale · ((Q ⊙ exp(gc − gc_0)) (K ⊙ exp(gc_0 − gc))ᵀ) ⊙ M,
+
+one C × C matmul over K (in blocks of :data:`WHOLE_CHUNK_KEYS`) with float32 operands at the fast
+form's precision: the *whole-chunk form*, taken by any chunk whose keys decay by at most 64 nats (the
+paper's gates decay a few nats a chunk). Steeper chunks are built by sub-chunks as above.
+
+Grid ``(⌈T/C⌉, B·H)``: a program owns one chunk's C × C tile of A (by sub-chunk strips: c × C rows of
+one query sub-chunk at a time, its tiles left of the diagonal, the diagonal tile, zeros right of it),
+with the whole K (≤ 256, padded to a power of two) in one block of the sub-chunk forms: every entry of
+A is a sum over all K, and A does not involve V. HBM: the chunk's q, k and gc rows read (the
+sub-chunk forms read earlier key sub-chunks again, from L2), A written once in q's dtype with zeros
+above the diagonal (its two readers, the output kernel and the backward's dv kernel, round it to that
+dtype for their dots anyway, so a float32 A would only double its bytes and change no result). Packed
+batch (``varlen``): grid ``(NT, H)`` over the NT chunks of all sequences, each program reading
 its row of the chunk table and the two offsets of its sequence; rows past a sequence's end are
 neither read nor written.
 """
@@ -60,6 +69,9 @@ from gla_ref.triton.chunk_state import _precision
 
 SUB_CHUNK = 16
 """c: the sub-chunk size (tl.dot's smallest tile)."""
+
+WHOLE_CHUNK_KEYS = 64
+"""Keys per step of the whole-chunk form's loop over K: two C × 64 float32 operand tiles at a time."""
 
 
 def _configs():
@@ -96,40 +108,76 @@ def _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, HK: tl.constexpr, c: tl.cons
     return b_D
 
 
+@triton.jit
+def _strip(q, k, gc, p_A, scale, i_i, i_n, T, o_k, m_k, HK: tl.constexpr, HC: tl.constexpr, C: tl.constexpr,
+           c: tl.constexpr, PREC: tl.constexpr):
+    """The c × C row strip of A of query sub-chunk ``i_i``: split tiles left of the diagonal, the diagonal
+    tile in its fast or exact form, zeros right of it. Rows past T are neither read nor written."""
+    p = i_n * C + i_i * c                    # first token of query sub-chunk i_i
+    if p < T:
+        o_c, o_C = tl.arange(0, c), tl.arange(0, C)
+        t = p + o_c
+        m_t = t < T
+        b_q = load_rows(q, t, m_t, o_k, m_k, HK).to(tl.float32)
+        b_g = tl.load(gc + tl.minimum(t, T - 1)[:, None] * HK + o_k[None, :], mask=m_k[None, :], other=0.0)
+        g_p = tl.load(gc + p * HK + o_k, mask=m_k, other=0.0)
+        b_qt = b_q * tl.exp(b_g - g_p[None, :])         # rows past T repeat gc row T−1
+        b_qh = b_qt.to(k.dtype.element_ty)
+        for j in range(i_i):
+            b_a = _split_tile(k, gc, b_qh, g_p, i_n * C + j * c, T, o_c, o_k, m_k, HK, PREC)
+            store_rows(p_A, b_a * scale, t, m_t, j * c + o_c, o_c < c, HC)
+        if gentle(b_g, g_p):                             # fast form: the split tile of [s] with itself
+            b_D = _split_tile(k, gc, b_qt, g_p, p, T, o_c, o_k, m_k, HK, PREC)
+            b_D = tl.where(o_c[None, :] <= o_c[:, None], b_D, 0.0)
+        else:
+            b_D = _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, HK, c)
+        store_rows(p_A, b_D * scale, t, m_t, i_i * c + o_c, o_c < c, HC)
+        store_rows(p_A, tl.zeros([c, C], dtype=tl.float32), t, m_t, o_C, o_C >= i_i * c + c, HC)
+
+
+@triton.jit
+def _whole_chunk(q, k, gc, p_A, scale, s0, T, K: tl.constexpr, HK: tl.constexpr, HC: tl.constexpr,
+                 C: tl.constexpr, BKI: tl.constexpr, PREC: tl.constexpr):
+    """The chunk's whole C × C tile of A as one matmul split at its first row s0, over K in blocks of BKI:
+    ``((Q ⊙ exp(gc − gc_s0)) (K ⊙ exp(gc_s0 − gc))ᵀ ⊙ M)``, float32 operands (the key factor reaches e^64)."""
+    o_C = tl.arange(0, C)
+    t = s0 + o_C
+    m_t = t < T
+    t_c = tl.minimum(t, T - 1)
+    b_A = tl.zeros([C, C], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BKI)):
+        o_k = i_k * BKI + tl.arange(0, BKI)
+        m_k = o_k < K
+        b_g = tl.load(gc + t_c[:, None] * HK + o_k[None, :], mask=m_k[None, :], other=0.0)
+        g_0 = tl.load(gc + s0 * HK + o_k, mask=m_k, other=0.0)
+        b_qt = load_rows(q, t, m_t, o_k, m_k, HK).to(tl.float32) * tl.exp(b_g - g_0[None, :])
+        b_kt = load_rows(k, t, m_t, o_k, m_k, HK).to(tl.float32) * tl.exp(g_0[None, :] - b_g)
+        b_A += tl.dot(b_qt, tl.trans(b_kt), input_precision=PREC)
+    b_A = tl.where(o_C[None, :] <= o_C[:, None], b_A * scale, 0.0)
+    store_rows(p_A, b_A, t, m_t, o_C, o_C < C, HC)
+
+
 @autotune(_configs(), ["K", "C", "IS_VARLEN"])
 @triton.jit
 def chunk_intra_kernel(q, k, gc, A, cu_seqlens, chunk_indices, scale, T, H: tl.constexpr,
                        K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr,
-                       PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
-    i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                       BKI: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_n, bos, T = program_chunk(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
-    p = i_n * C + i_i * c                    # first token of query sub-chunk i
-    if p >= T:
-        return
-    o_c, o_C, o_k = tl.arange(0, c), tl.arange(0, C), tl.arange(0, BK)
-    t = p + o_c
-    m_t, m_k = t < T, o_k < K
+    s0 = i_n * C                             # first token of the chunk
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
     base = token_base(bos, i_h, H, K)
-    p_A = A + token_base(bos, i_h, H, C)
-
     q, k, gc = q + base, k + base, gc + base
-    b_q = load_rows(q, t, m_t, o_k, m_k, H * K).to(tl.float32)
-    b_g = tl.load(gc + tl.minimum(t, T - 1)[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
-    g_p = tl.load(gc + p * (H * K) + o_k, mask=m_k, other=0.0)
-    b_qt = b_q * tl.exp(b_g - g_p[None, :])         # rows past T repeat gc row T−1
-    b_qh = b_qt.to(k.dtype.element_ty)
-    for j in range(i_i):
-        b_a = _split_tile(k, gc, b_qh, g_p, i_n * C + j * c, T, o_c, o_k, m_k, H * K, PREC)
-        store_rows(p_A, b_a * scale, t, m_t, j * c + o_c, o_c < c, H * C)
-
-    if gentle(b_g, g_p):                             # fast form: the split tile of [s] with itself
-        b_D = _split_tile(k, gc, b_qt, g_p, p, T, o_c, o_k, m_k, H * K, PREC)
-        b_D = tl.where(o_c[None, :] <= o_c[:, None], b_D, 0.0)
+    p_A = A + token_base(bos, i_h, H, C)
+    g_0 = tl.load(gc + s0 * (H * K) + o_k, mask=m_k, other=0.0)
+    g_last = tl.load(gc + tl.minimum(s0 + C - 1, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)
+    if gentle(g_last[None, :], g_0):                 # gc falls along the chunk: its last row decays the most
+        _whole_chunk(q, k, gc, p_A, scale, s0, T, K, H * K, H * C, C, BKI, PREC)
     else:
-        b_D = _diagonal_tile(k, gc, b_q, p, T, o_c, o_k, m_k, H * K, c)
-    store_rows(p_A, b_D * scale, t, m_t, i_i * c + o_c, o_c < c, H * C)
-    store_rows(p_A, tl.zeros([c, C], dtype=tl.float32), t, m_t, o_C, o_C >= i_i * c + c, H * C)
+        for i_i in range(C // c):
+            _strip(q, k, gc, p_A, scale, i_i, i_n, T, o_k, m_k, H * K, H * C, C, c, PREC)
 
 
 def chunk_intra_attention(q, k, gc, scale: float, chunk_size: int, varlen=None) -> torch.Tensor:
@@ -137,8 +185,8 @@ def chunk_intra_attention(q, k, gc, scale: float, chunk_size: int, varlen=None) 
     each packed sequence with ``varlen``."""
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, chunk_size, dtype=q.dtype, device=q.device)
-    c = min(SUB_CHUNK, chunk_size)
-    grid = (chunk_size // c, num_chunks(T, chunk_size, varlen), B * H)
-    chunk_intra_kernel[grid](q, k, gc, A, scale=scale, T=T, H=H, K=K,
-                             C=chunk_size, c=c, BK=block(K), PREC=_precision(q), **varlen_args(varlen))
+    grid = (num_chunks(T, chunk_size, varlen), B * H)
+    chunk_intra_kernel[grid](q, k, gc, A, scale=scale, T=T, H=H, K=K, C=chunk_size, c=min(SUB_CHUNK, chunk_size),
+                             BK=block(K), BKI=min(block(K), WHOLE_CHUNK_KEYS), PREC=_precision(q),
+                             **varlen_args(varlen))
     return A
