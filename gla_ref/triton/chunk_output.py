@@ -41,9 +41,10 @@ from gla_ref.triton.chunk_state import _precision
 
 def _configs():
     # BK ≥ 64: several dots go into one tile (triton-lang/triton#11366); the two configs that won at
-    # the measured head shapes (benchmarks/results/config_timings_nvidia_h200.json)
+    # the measured head shapes (benchmarks/results/config_timings_nvidia_h200.json), and 64 × 128, which
+    # reads q and gc half as often at V ≥ 256 (H200, T=4096: 0.64 -> 0.52 ms at 128x256, 2.0 -> 1.55 at 256x512)
     return autotune_configs([triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s)
-                             for bk, bv, w, s in ((64, 64, 4, 2), (128, 64, 4, 2))])
+                             for bk, bv, w, s in ((64, 64, 4, 2), (128, 64, 4, 2), (64, 128, 4, 2))])
 
 
 @autotune(_configs(), ["K", "V", "C", "IS_VARLEN"], BK="K", BV="V")
