@@ -30,6 +30,7 @@ from typing import Callable
 RECURRENT_STATE_BUDGET = 4096   # gla_ref.triton.fused_recurrent.STATE_BUDGET
 FUSED_STATE_ELEMENTS = 8192     # gla_ref.triton.fused_chunk_fwd.STATE_ELEMENTS
 SUB_CHUNK = 16                  # gla_ref.triton.chunk_intra.SUB_CHUNK and gla_ref.pallas.chunk_math.SUB
+WHOLE_CHUNK_KEYS = 64           # gla_ref.triton.chunk_intra.WHOLE_CHUNK_KEYS
 HISTORICAL_CHUNK = 16           # gla_ref.triton.historical.CHUNK
 HISTORICAL_MAX_BLOCK = 64       # gla_ref.triton.historical.MAX_BLOCK
 STATE_FWD_BLOCKS = (32, 128)    # (BK, BV) of the first autotune config of chunk_state_fwd_kernel
@@ -239,15 +240,8 @@ def _state_fwd(source, title, gate_width):
 
 
 def _intra_rows(s, b, p):
-    """The query sub-chunk of program (i, n): rows ``[nC + ic, nC + ic + c)`` (none past T)."""
-    start = p[1] * s.C + p[0] * b["c"]
-    return (start, min(start + b["c"], s.T)) if start < s.T else (start, start)
-
-
-def _intra_keys(s, b, p):
-    """Key rows of sub-chunks j ≤ i of the same chunk."""
-    r0, r1 = _intra_rows(s, b, p)
-    return (p[1] * s.C, r1) if r1 > r0 else (r0, r0)
+    """The chunk of program (n, bh): rows ``[nC, min(nC + C, T))``."""
+    return _band(p[0], s.C, s.T)
 
 
 TRITON = {
@@ -264,13 +258,13 @@ TRITON = {
     "chunk_state_fwd": _state_fwd("gla_ref.triton.chunk_state.chunk_state_fwd", "chunk_gla step 2: chunk states", None),
     "chunk_intra": KernelSpec(
         name="chunk_intra_kernel", source="gla_ref.triton.chunk_intra.chunk_intra_attention",
-        title="chunk_gla step 3: intra-chunk A (sub-chunks)",
-        grid=_chunk_grid("C/c", lambda s, b: s.C // b["c"]),
-        blocks=lambda s: {"c": min(SUB_CHUNK, s.C), "BK": pow2(s.K)},
-        owns="the {c}×{C} row strip of A of one query sub-chunk",
+        title="chunk_gla step 3: intra-chunk A (whole chunk or sub-chunks)",
+        grid=(Axis("⌈T/C⌉", lambda s, b: cdiv(s.T, s.C)), Axis("B·H", lambda s, b: s.B * s.H, head=True)),
+        blocks=lambda s: {"c": min(SUB_CHUNK, s.C), "BK": pow2(s.K), "BKI": min(pow2(s.K), WHOLE_CHUNK_KEYS)},
+        owns="the {C}×{C} tile of A of one chunk",
         accesses=(_tok("q", "read", K_, _intra_rows, _all(K_), arg="q"),
-                  _tok("k", "read", K_, _intra_keys, _all(K_), arg="k"),
-                  _tok("gc", "read", K_, _intra_keys, _all(K_), "f32", arg="gc"),
+                  _tok("k", "read", K_, _intra_rows, _all(K_), arg="k"),
+                  _tok("gc", "read", K_, _intra_rows, _all(K_), "f32", arg="gc"),
                   _tok("A", "write", lambda s, b: s.C, _intra_rows, lambda s, b, p: (0, s.C), arg="A")),
         chunk=lambda s, b: s.C),
     "chunk_output": KernelSpec(

@@ -39,6 +39,7 @@ def test_constants_are_the_launchers():
     assert pk.RECURRENT_STATE_BUDGET == fused_recurrent.STATE_BUDGET
     assert pk.FUSED_STATE_ELEMENTS == fused_chunk_fwd.STATE_ELEMENTS
     assert pk.SUB_CHUNK == chunk_intra.SUB_CHUNK == chunk_math.SUB
+    assert pk.WHOLE_CHUNK_KEYS == chunk_intra.WHOLE_CHUNK_KEYS
     assert (pk.HISTORICAL_CHUNK, pk.HISTORICAL_MAX_BLOCK) == (historical.CHUNK, historical.MAX_BLOCK)
     first = lambda kernel: kernel.configs[0].kwargs  # noqa: E731  what the interpreter (and the drawing) uses
     assert pk.STATE_FWD_BLOCKS == (first(chunk_state.chunk_state_fwd_kernel)["BK"],
