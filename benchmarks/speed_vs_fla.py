@@ -18,7 +18,7 @@ autotune entries added (``retunes_after_first_T``) is recorded per shape and mus
 roofline fraction is the time the compulsory traffic (q, k, v, g read, o written: ``bench.gla_io_bytes``)
 takes at the measured copy bandwidth, over the measured time. Ratios against FLA per (shape, T) land in
 ``ratios``. Writes ``benchmarks/results/speed_vs_fla_<device>.json`` stamped by ``bench.environment()``;
-``--keep`` starts from an earlier file's rows (a long sweep split across several calls); ``--smoke`` runs
+``--keep`` starts from an earlier file's rows (a long sweep split across several calls; the file is rewritten after every T, so a run cut short keeps the lengths it finished); ``--smoke`` runs
 tiny float32 shapes on a CPU under Triton's interpreter into a temporary file.
 """
 
@@ -158,8 +158,9 @@ def ratios(rows) -> list[dict]:
     return out
 
 
-def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype) -> tuple[list, dict]:
-    """All candidates at every T of one (K, V): rows, and the shape's retune count."""
+def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype, done_T=lambda rows: None) -> tuple[list, dict]:
+    """All candidates at every T of one (K, V): rows, and the shape's retune count. ``done_T(rows)`` is
+    called with the shape's rows so far after every T."""
     import torch
 
     B, H, rows = setting["B"], setting["H"], []
@@ -178,6 +179,7 @@ def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype) -> tuple[list, 
                    if k in ("fwd", "fwd_bwd", "first_fwd_bwd_s") or k.endswith("error")}, flush=True)
             if on_gpu:
                 torch.cuda.empty_cache()
+        done_T(rows)
     retunes = None if tuned_after_first is None else autotune_entries() - tuned_after_first
     return rows, {"K": K, "V": V, "retunes_after_first_T": retunes}
 
@@ -206,13 +208,18 @@ def main(argv=None):
     runs = candidates(only_ours=args.smoke, only=args.only)
     rows, retunes, t0 = list(earlier["rows"]), list(earlier["retunes"]), time.perf_counter()
     dtype = getattr(torch, setting["dtype"])
+    def write(all_rows, all_retunes):
+        result = {"env": env, "setting": setting, "copy_bandwidth_GBps": copy_gbs, "rows": all_rows,
+                  "retunes": all_retunes, "ratios": ratios(all_rows), "wall_s": time.perf_counter() - t0}
+        return result, bench.write_result(result, "speed_vs_fla", RESULTS, args.out, args.smoke)
+
     for K, V in shapes:
-        shape_rows, retune = run_shape(K, V, setting, runs, on_gpu, copy_gbs, device.torch_device(), dtype)
+        # after every T: a run cut short (the device's time limit) keeps the lengths it finished
+        shape_rows, retune = run_shape(K, V, setting, runs, on_gpu, copy_gbs, device.torch_device(), dtype,
+                                       done_T=lambda part: write(rows + part, retunes))
         rows += shape_rows
         retunes.append(retune)
-        result = {"env": env, "setting": setting, "copy_bandwidth_GBps": copy_gbs, "rows": rows,
-                  "retunes": retunes, "ratios": ratios(rows), "wall_s": time.perf_counter() - t0}
-        path = bench.write_result(result, "speed_vs_fla", RESULTS, args.out, args.smoke)  # after each shape
+        result, path = write(rows, retunes)
     for row in result["ratios"]:
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
     print(f"retunes after the first T: {retunes}; wrote {path} in {result['wall_s']:.0f} s")

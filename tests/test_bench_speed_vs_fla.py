@@ -29,6 +29,29 @@ def test_smoke_rows_retunes_and_keep(tmp_path):
     assert len(both["retunes"]) == 2 and both["retunes"][1]["retunes_after_first_T"] is None  # one T only
 
 
+def test_a_run_cut_short_keeps_the_lengths_it_finished(tmp_path, monkeypatch):
+    """The device stops a command at its time limit: the file is written after every T, not only per shape."""
+    script = _script()
+    measure, calls = script.measure, []
+
+    class Stopped(Exception):
+        pass
+
+    def stop_in_second_T(*args, **kwargs):
+        if len(calls) == len(script.OURS):  # every candidate of the first T has run
+            raise Stopped
+        calls.append(1)
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(script, "measure", stop_in_second_T)
+    out = tmp_path / "cut.json"
+    with pytest.raises(Stopped):
+        script.main(["--smoke", "--out", str(out)])
+    kept = bench.load_results(out)
+    assert {r["T"] for r in kept["rows"]} == {script.SMOKE["T"][0]} and len(kept["rows"]) == len(script.OURS)
+    assert kept["retunes"] == []  # the shape never finished
+
+
 def test_ratios_pair_ours_with_fla():
     script = _script()
     row = lambda name, ms, peak: {"K": 64, "V": 64, "T": 1024, "name": name, "fwd": {"median_ms": ms},
