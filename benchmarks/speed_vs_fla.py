@@ -18,8 +18,9 @@ autotune entries added (``retunes_after_first_T``) is recorded per shape and mus
 roofline fraction is the time the compulsory traffic (q, k, v, g read, o written: ``bench.gla_io_bytes``)
 takes at the measured copy bandwidth, over the measured time. Ratios against FLA per (shape, T) land in
 ``ratios``. Writes ``benchmarks/results/speed_vs_fla_<device>.json`` stamped by ``bench.environment()``;
-``--keep`` starts from an earlier file's rows (a long sweep split across several calls; the file is rewritten after every T, so a run cut short keeps the lengths it finished); ``--smoke`` runs
-tiny float32 shapes on a CPU under Triton's interpreter into a temporary file.
+``--keep`` starts from an earlier file's rows (a long sweep split across several calls; the file is rewritten
+after every T, so a run cut short keeps the lengths it finished); ``--smoke`` runs tiny float32 shapes on a
+CPU under Triton's interpreter into a temporary file.
 """
 
 from __future__ import annotations
