@@ -11,8 +11,8 @@ teaching arrays here (``[T]`` or ``[T, K]``) unless a ``dim`` argument says othe
 * :func:`cumulative_gate`, :func:`underflow_steps` — the naive running product and where it fails.
 * :func:`log2_cumsum` — the older kernels' base-2 cumulative sum, used with ``exp2``.
 * :func:`memory_horizon` — how many steps until the memory fades to a fraction.
-* :data:`SAFE_DECAY` — how far a gate may decay inside a 16-token sub-chunk for the kernels' fast
-  diagonal tiles.
+* :data:`SAFE_DECAY` — how far a gate may decay inside a sub-chunk or chunk for the kernels' fast and
+  whole-chunk forms.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ for which the chunked kernels form the sub-chunk's diagonal tile by one matmul (
 operand ``k_j e^{b_p − b_j}`` then stays below ``e^64 ≈ 6e27`` times ``|k_j|`` (float32 and bf16 reach
 ``e^88``), its query operand ``q_i e^{b_i − b_p}`` is at most ``|q_i|``, and each product of the two is
 ``q_i k_j e^{b_i − b_j}``, at most ``|q_i k_j|`` inside the causal mask. Steeper sub-chunks take the exact
-form, one key at a time with every exponent ≤ 0. (Paper's gates, ``logsigmoid(x)/16``, decay ~1 nat per
-sub-chunk.)"""
+form, one key at a time with every exponent ≤ 0. The same bound, from a chunk's first token p to its last,
+lets chunk_gla build a whole chunk's A (and dq, dk) and fused_chunk_gla its P by one matmul (the *whole-chunk
+form*). (Paper's gates, ``logsigmoid(x)/16``, decay ~1 nat per sub-chunk, a few per 64-token chunk.)"""
 
 
 def _is_tensor(x) -> bool:
