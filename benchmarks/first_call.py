@@ -16,7 +16,8 @@ Python process (nothing compiled or tuned in memory) with ``TRITON_CACHE_DIR`` p
 
 Whether a kernel tuned is read from its autotuner's cache (one entry per key it has tuned); after each tuning the
 autotuner's ``configs_timings`` (Triton 3.x: config → do_bench's [median, p20, p80] ms) and ``bench_time`` are
-recorded, so the config lists can be pruned from measured data. Writes
+recorded, so the config lists can be pruned from measured data. ``GLA_REF_COMPILE_WORKERS`` (see
+``gla_ref.triton._common.precompile``) is passed on to the fresh processes and recorded. Writes
 ``benchmarks/results/first_call_<device>.json`` stamped by ``bench.environment()``. ``--smoke`` runs tiny float32
 shapes on any device (Triton's interpreter on a CPU keeps one config, so nothing tunes there) into a temp file.
 """
@@ -202,6 +203,7 @@ def main(argv=None):
         return args.child
 
     from gla_ref import bench
+    from gla_ref.triton._common import COMPILE_WORKERS
 
     on_gpu = bench.start_gpu_run(parser, args.smoke)
     if args.smoke:
@@ -212,7 +214,10 @@ def main(argv=None):
               "shape": {"B": args.B, "H": args.H, "T": args.T, "then": args.then,
                         "dtype": "bfloat16" if on_gpu and not args.smoke else "float32"},
               "note": "each row: a fresh process and an empty TRITON_CACHE_DIR; first = compile + autotune + "
-                      "fwd+bwd at T; then = other lengths, which must not re-tune; warm = T again",
+                      "fwd+bwd at T; then = other lengths, which must not re-tune; warm = T again. The autotuned "
+                      "kernels compile their configs on threads before timing them (GLA_REF_COMPILE_WORKERS, "
+                      "recorded here; 1 = one at a time), so bench_s is the timing alone unless it is 1",
+              "compile_workers": os.environ.get(COMPILE_WORKERS, "default"),
               "rows": []}
     for kernel in args.kernels:
         for K, V in args.shapes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from typing import NamedTuple
 
@@ -12,6 +13,12 @@ from gla_ref import device
 from gla_ref._validate import MAX_K, MAX_V  # noqa: F401 (the limits every kernel shares, named here too)
 from gla_ref._validate import Dims, check_chunk_sizes, check_gate_values, check_head_dims, check_inputs
 from gla_ref.triton import _ptxas
+
+try:
+    from triton.runtime._async_compile import AsyncCompileMode
+except ImportError:  # Triton < 3.4 compiles inside the autotuner only
+    AsyncCompileMode = None
+
 
 def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_seqlens=None) -> Dims:
     """Validate a launch before any kernel runs: shapes, dtypes, one device, and (in debug mode) values.
@@ -141,6 +148,30 @@ configs of a kernel for a new key (on a GPU the first call at a new shape spends
 Chapters turn it on through :func:`gla_ref.runtime.setup`; benchmark scripts set it themselves."""
 
 
+COMPILE_WORKERS = "GLA_REF_COMPILE_WORKERS"
+"""Environment variable: how many threads compile a kernel's autotune configs side by side before the
+autotuner times them one by one (default: one per config, at most 8; ``1`` compiles them one at a time
+inside the autotuner, as Triton does on its own)."""
+
+
+LAUNCH_OPTIONS = ("grid", "warmup")
+"""What ``kernel[grid](...)`` adds to a kernel's own arguments on their way through the autotuner."""
+
+
+def precompile(kernel, configs: list, args: dict) -> None:
+    """Compile ``kernel`` for every config in ``configs`` at once, on threads, through Triton's
+    ``AsyncCompileMode`` (Triton ≥ 3.4): the autotuner then finds each binary in the kernel's cache and only
+    times it. Nothing happens under the interpreter, for a single config, with ``GLA_REF_COMPILE_WORKERS=1``
+    or where this Triton lacks the mode. Compile errors are not swallowed here: a config that fails
+    fails the same way when the autotuner reaches it."""
+    workers = int(os.environ.get(COMPILE_WORKERS, "0") or 0) or min(8, len(configs))
+    if device.triton_interpret() or len(configs) < 2 or workers < 2 or AsyncCompileMode is None:
+        return
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
+        for config in configs:
+            kernel.warmup(**args, **config.all_kwargs(), grid=(1,))
+
+
 def autotune(configs: list, key: list, **blocks):
     """``triton.autotune`` over ``configs`` keyed by the argument names ``key``, pruning before timing:
     ``blocks`` maps a block size to the dimension it tiles (``BK="K"``), and configs whose block exceeds
@@ -155,10 +186,12 @@ def autotune(configs: list, key: list, **blocks):
         if os.environ.get(SHOW_TUNING) == "1" and len(kept) > 1:
             shape = ", ".join(f"{name}={args.get(name)}" for name in key)
             print(f"autotuning {prune.kernel}: {len(kept)} configs for {shape} ...", flush=True)
+        precompile(prune.jit, kept, {name: x for name, x in args.items() if name not in LAUNCH_OPTIONS})
         return kept
 
     def decorate(kernel):
         prune.kernel = getattr(kernel, "__name__", "a kernel")
+        prune.jit = kernel
         return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
 
     return decorate

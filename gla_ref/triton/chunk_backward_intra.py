@@ -67,10 +67,10 @@ from gla_ref.triton.chunk_state import _precision
 
 def _configs():
     # UNROLL: how far the diagonal loop is unrolled (more independent loads in flight, more registers).
-    # Kept: the configs within 1.16x of the best at every measured head shape (benchmarks/results/config_timings_nvidia_h200.json, H200);
-    # UNROLL = 16 was never better and took the longest to compile.
-    return autotune_configs([triton.Config({"UNROLL": u}, num_warps=w, num_stages=s)
-                             for w, s, u in ((4, 2, 1), (2, 2, 1), (4, 2, 4))])
+    # Kept: the configs within 1.16x of the best at every measured head shape (benchmarks/results/config_timings_nvidia_h200.json, H200)
+    # with 4 warps; UNROLL = 16 was never better and took the longest to compile. 2 warps, close before the
+    # whole-chunk form, take 5x as long as 4 warps with it (0.83 against 4.2 ms at K = V = 128 on the H200).
+    return autotune_configs([triton.Config({"UNROLL": u}, num_warps=4, num_stages=2) for u in (1, 4)])
 
 
 @triton.jit
@@ -113,21 +113,22 @@ def _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H: tl.co
 
 
 @triton.jit
-def _diagonal_by_dot(q, k, dA, b_dq, b_dk, b_g, g_f, base_k, base_A, t, m_t, i_i, o_k, m_k,
-                     H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, c: tl.constexpr, PREC: tl.constexpr):
-    """Adds the diagonal tile in its fast form (gentle gates): split at the first row f like the earlier
-    tiles, two c × c by c × BK matmuls with float32 operands, the key-side factor e^{gc_f − gc} ≤ e^64."""
-    o_c = tl.arange(0, c)
-    b_dA = tl.load(dA + base_A + t[:, None] * (H * C) + (i_i * c + o_c)[None, :], mask=m_t[:, None],
-                   other=0.0)                # dA[p + r, p + j], 0 for rows past T
-    b_dA = tl.where(o_c[None, :] <= o_c[:, None], b_dA, 0.0)  # and for j > r (the exact form reads none)
+def _split_by_dot(q, k, dA, b_g, g_f, base_k, base_A, t, m_t, j0, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
+                  C: tl.constexpr, n: tl.constexpr, PREC: tl.constexpr):
+    """The fast form of the rows ``t`` against the n keys from column j0 of their chunk, those rows themselves
+    (``n × n`` block of dA, masked causal): every pair split at the first row f (gates ``g_f``), two
+    n × n by n × BK matmuls with float32 operands, the key-side factor e^{gc_f − gc} ≤ e^SAFE_DECAY.
+    Returns the contributions to dq and dk of those rows."""
+    o_n = tl.arange(0, n)
+    b_dA = tl.load(dA + base_A + t[:, None] * (H * C) + (j0 + o_n)[None, :], mask=m_t[:, None],
+                   other=0.0)                # 0 for rows past T
+    b_dA = tl.where(o_n[None, :] <= o_n[:, None], b_dA, 0.0)  # and above the diagonal (the exact form reads none)
     b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
     b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
     b_up = tl.exp(b_g - g_f[None, :])        # ≤ 1
     b_down = tl.exp(g_f[None, :] - b_g)      # ≥ 1, ≤ e^SAFE_DECAY
-    b_dq += tl.dot(b_dA, b_k * b_down, input_precision=PREC) * b_up
-    b_dk += tl.dot(tl.trans(b_dA), b_q * b_up, input_precision=PREC) * b_down
-    return b_dq, b_dk
+    return (tl.dot(b_dA, b_k * b_down, input_precision=PREC) * b_up,
+            tl.dot(tl.trans(b_dA), b_q * b_up, input_precision=PREC) * b_down)
 
 
 @triton.jit
@@ -181,23 +182,6 @@ def _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, i_n, i_i, T
 
 
 @triton.jit
-def _whole_chunk(q, k, dA, b_g, g_0, base_k, base_A, t, m_t, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
-                 C: tl.constexpr, PREC: tl.constexpr):
-    """dq, dk of the chunk's ``C × BK`` tile with its gates gentle: every pair split at the first row
-    (gates ``g_0``), two C × C by C × BK matmuls with float32 operands, the key-side factor e^{gc_0 − gc} ≤ e^64."""
-    o_C = tl.arange(0, C)
-    b_dA = tl.load(dA + base_A + t[:, None] * (H * C) + o_C[None, :], mask=m_t[:, None], other=0.0)
-    b_dA = tl.where(o_C[None, :] <= o_C[:, None], b_dA, 0.0)
-    b_up = tl.exp(b_g - g_0[None, :])        # ≤ 1
-    b_down = tl.exp(g_0[None, :] - b_g)      # ≥ 1, ≤ e^SAFE_DECAY
-    b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
-    b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
-    b_dq = tl.dot(b_dA, b_k * b_down, input_precision=PREC) * b_up
-    b_dk = tl.dot(tl.trans(b_dA), b_q * b_up, input_precision=PREC) * b_down
-    return b_dq, b_dk
-
-
-@triton.jit
 def _sub_chunk(q, k, gc, dA, dq, dk, base_k, base_A, i_n, i_i, T, o_k, m_k, H: tl.constexpr, K: tl.constexpr,
                C: tl.constexpr, c: tl.constexpr, BK: tl.constexpr, UNROLL: tl.constexpr, PREC: tl.constexpr,
                FPREC: tl.constexpr):
@@ -210,9 +194,10 @@ def _sub_chunk(q, k, gc, dA, dq, dk, base_k, base_A, i_n, i_i, T, o_k, m_k, H: t
     g_f = tl.load(gc + base_k + tl.minimum(i_n * C + i_i * c, T - 1) * (H * K) + o_k, mask=m_k, other=0.0)
     b_dq = _dq_earlier(k, gc, dA, base_k, base_A, t, m_t, b_g, g_f, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
     b_dk = _dk_later(q, gc, dA, base_k, base_A, r, b_g, i_n, i_i, T, o_k, m_k, H, K, C, c, BK, PREC)
-    if gentle(b_g, g_f):
-        b_dq, b_dk = _diagonal_by_dot(q, k, dA, b_dq, b_dk, b_g, g_f, base_k, base_A, t, m_t, i_i, o_k, m_k,
-                                      H, K, C, c, FPREC)
+    if gentle(b_g, g_f):                     # the diagonal tile in the fast form
+        d_q, d_k = _split_by_dot(q, k, dA, b_g, g_f, base_k, base_A, t, m_t, i_i * c, o_k, m_k, H, K, C, c, FPREC)
+        b_dq += d_q
+        b_dk += d_k
     else:
         b_dq, b_dk = _diagonal_tile(q, k, gc, dA, b_dq, b_dk, base_k, base_A, t, m_t, i_n, i_i, T,
                                     o_k, m_k, H, K, C, c, BK, UNROLL)
@@ -237,7 +222,7 @@ def chunk_bwd_intra_kernel(q, k, gc, dA, dq, dk, cu_seqlens, chunk_indices, T, H
     b_g = _gate_rows(gc + base_k, t, T, o_k, m_k, H * K)
     g_0 = tl.load(gc + base_k + i_n * C * (H * K) + o_k, mask=m_k, other=0.0)
     if gentle(b_g, g_0):                     # the whole chunk's tile in two matmuls
-        b_dq, b_dk = _whole_chunk(q, k, dA, b_g, g_0, base_k, base_A, t, m_t, o_k, m_k, H, K, C, FPREC)
+        b_dq, b_dk = _split_by_dot(q, k, dA, b_g, g_0, base_k, base_A, t, m_t, 0, o_k, m_k, H, K, C, C, FPREC)
         store_rows(dq + base_k, b_dq, t, m_t, o_k, m_k, H * K)
         store_rows(dk + base_k, b_dk, t, m_t, o_k, m_k, H * K)
     else:
