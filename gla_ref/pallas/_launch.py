@@ -32,8 +32,7 @@ class Dims(NamedTuple):
         matrix, so the scores are one ``C × K @ K × C`` matmul; measured on the H200 in bf16, the gate
         gradient for ``g_gamma`` at T=2048 came out ten times closer to float64 than with 16-row tiles
         and reference rows, 1.1e-3 against 8.7e-3), 16 for GLA (the per-key decay needs the two-level
-        split of :mod:`chunk_math`). The TPU launcher uses it everywhere, the GPU launcher in its
-        non-fused kernels."""
+        split of :mod:`chunk_math`). Both launchers use it in every kernel."""
         return self.C if self.Kg == 1 else cm.SUB
 
     @property

@@ -8,8 +8,8 @@ of the non-fused path run one program per chunk on ``(B, H, NV, N)``.
 
 Triton needs every tensor size to be a power of two: ``K`` and ``V`` are padded to powers of two
 (at least 16, the smallest ``tl.dot``), chunks are powers of two and sub-chunks are 16 rows; the
-non-fused kernels of a scalar gate take the whole chunk as one tile (:attr:`_launch.Dims.sub`), whose
-gate gradient is closer to float64 (bf16, ``g_gamma``, T=2048 on the H200: 1.1e-3 against 8.7e-3).
+kernels of a scalar gate, fused and non-fused, take the whole chunk as one tile (:attr:`_launch.Dims.sub`),
+whose gate gradient is closer to float64 (bf16, ``g_gamma``, T=2048 on the H200: 1.1e-3 against 8.7e-3).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
 def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
     """Output and final state in one program per head and value block; the state is a loop carry."""
     d = dims_of(q, v, b, chunk)
-    n_sub = d.C // cm.SUB  # 16-row tiles for every gate (whole-chunk tiles: not yet run on a GPU here)
+    n_sub = d.n_sub  # whole-chunk tiles for a scalar gate, 16 rows for GLA (as the non-fused kernels)
 
     def kernel(q_ref, k_ref, v_ref, b_ref, *refs):
         (h0_ref,), refs = _split(refs, h0 is not None)
@@ -185,9 +185,9 @@ def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
 
         def step(n, S):
             t = _chunk_start(d, n)
-            qs, ks, vs, bs = (_sub_blocks(r, n_sub, t) for r in (q_ref, k_ref, v_ref, b_ref))
+            qs, ks, vs, bs = (_sub_blocks(r, n_sub, t, d.sub) for r in (q_ref, k_ref, v_ref, b_ref))
             A = cm.intra_scores(qs, ks, bs, scale)
-            _store(o_ref, cm.chunk_output(qs, vs, bs, S, A, scale), t)
+            _store(o_ref, cm.chunk_output(qs, vs, bs, S, A, scale), t, d.sub)
             return cm.state_update(ks, vs, bs, S)
 
         S = lax.fori_loop(0, d.N, step, _initial(h0_ref, d))
@@ -251,7 +251,7 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
     (re-building the state), a second loops backwards for ``dk, dv, dh0``. Each also writes one row
     per chunk for the gate gradient, ``a``, ``c`` and ``e`` ``[B, H, NV, N, 1, Kg]`` (see the TPU launcher)."""
     d = dims_of(q, v, b, chunk)
-    n_sub = d.C // cm.SUB  # as fused_fwd
+    n_sub = d.n_sub  # as fused_fwd
     part = _sds((d.B, d.H, d.NV, d.N * d.C, d.K))
     rows = _sds((d.B, d.H, d.NV, d.N, 1, d.Kg))
     row_spec = pl.BlockSpec((_SQ, _SQ, _SQ, d.N, 1, d.Kg), lambda b, h, iv: (b, h, iv, 0, 0, 0))
@@ -263,8 +263,8 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
 
         def step(n, S):
             t = _chunk_start(d, n)
-            qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, t) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
-            _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S, scale), t)
+            qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, t, d.sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+            _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S, scale), t, d.sub)
             a_ref[n] = cm.state_in_term(qs, bs, dos, S, scale)
             return cm.state_update(ks, vs, bs, S)
 
@@ -281,11 +281,11 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
         def step(s, dS):
             n = d.N - 1 - s
             t = _chunk_start(d, n)
-            qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, t) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+            qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, t, d.sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
             dk, dv, kappa = cm.chunk_dkv(qs, ks, vs, bs, dos, dS, cm.intra_scores(qs, ks, bs, scale), scale,
                                          key_term=True)
-            _store(dk_ref, dk, t)
-            _store(dv_ref, dv, t)
+            _store(dk_ref, dk, t, d.sub)
+            _store(dv_ref, dv, t, d.sub)
             c = cm.state_out_term(ks, vs, bs, dS)
             c_ref[n] = c
             e_ref[n] = kappa - c
