@@ -154,6 +154,138 @@ def test_gentle_gates_bounds_the_decay_inside_each_sub_chunk():
     assert not bool(mgpu_launcher.gentle_gates(b.at[0, 0, 5:, 0].set(jnp.nan)))
 
 
+def _chunk_local_b(g, C=64):
+    """The kernels' ``b [B, H, T_pad, K]`` of a ``[B, T, H, K]`` log-gate: T padded with zero gates to chunks of
+    ``C``, the cumulative sum restarting at every chunk (float32, as gla_ref.pallas.chunk lays it out)."""
+    g = np.swapaxes(np.asarray(g, np.float32), 1, 2)
+    B, H, T, K = g.shape
+    g = np.pad(g, ((0, 0), (0, 0), (0, -T % C), (0, 0)))
+    return jnp.asarray(np.cumsum(g.reshape(B, H, -1, C, K), axis=3).reshape(B, H, -1, K))
+
+
+@pytest.mark.parametrize("variant, shape", [
+    ("chunk", {"T": 100, "K": 100, "V": 80, "h0": True}),  # K padded to 128: two key blocks; T not a multiple
+    ("chunk", {"T": 70, "K": 40, "V": 24, "h0": False}),   # one key block, no initial state
+])
+def test_whole_chunk_form_against_float64(variant, shape):
+    """The paper's slow gates (tau 4: a few nats a chunk) pass whole_chunk_gates, so the per-chunk kernels run
+    their whole-chunk form (the output kernel one wgmma accumulation for the chunk's scores, operands 64 key
+    columns at a time; the gradient kernel one masked wgmma each for the scores, dq and dk); o and every
+    gradient through the custom VJP within 5e-3 of float64 but dg (within bf16's 3e-2)."""
+    x, _ = make_inputs(variant, **shape)
+    b = _chunk_local_b(x["g"])
+    assert bool(mgpu_launcher.whole_chunk_gates(b, 64)) and bool(mgpu_launcher.gentle_gates(b))
+    with _interpreter() as params:
+        errors = check_variant(variant, chunk_size=64, dtype=bf16, launcher="mosaic_gpu", interpret=params, **shape)
+    # dg (6e-3 and 7e-3 here, within bf16's 3e-2 of test_pallas.TOL): a sum of cancelling terms, as in the sub-chunk forms
+    assert all(errors[n] < 5e-3 for n in errors if n != "dg"), errors
+
+
+def _output_case(K, gates, seed=5, T=128):
+    """``T / 64`` chunks of ``chunk_fwd_o``'s inputs (kernel layout, one value block) with the log-gates ``gates(rng,
+    shape)``, and the float64 output's two terms, inter-chunk ``(Q ⊙ e^{b}) S`` and intra-chunk ``A V``."""
+    rng = np.random.default_rng(seed)
+    B, H, V, C = 1, 1, 64, 64
+    q, k = (jnp.asarray(rng.standard_normal((B, H, T, K)), bf16) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((B, H, T, V)), bf16)
+    b = jnp.cumsum(jnp.asarray(gates(rng, (B, H, T // C, C, K)), jnp.float32), axis=3).reshape(B, H, T, K)
+    hs = jnp.asarray(rng.standard_normal((B, H, T // C, V, K)), jnp.float32)
+    qf, kf, vf, bf, hf = (np.asarray(a, np.float64)[0, 0] for a in (q, k, v, b, hs))
+    inter, intra = np.zeros((T, V)), np.zeros((T, V))
+    for n in range(T // C):
+        r = slice(n * C, n * C + C)
+        A = np.tril(np.einsum("id,jd,ijd->ij", qf[r], kf[r], np.exp(bf[r][:, None] - bf[r][None])))
+        inter[r], intra[r] = (qf[r] * np.exp(bf[r])) @ hf[n].T, A @ vf[r]
+    return (q, k, v, b, hs), inter, intra
+
+
+@pytest.mark.parametrize("K", [64, 128])
+def test_output_forms_fit_the_float64_scores(K):
+    """chunk_fwd_o in each form, forced (whole_chunk=True; exact False, True), on eight chunks of gates up to the
+    whole-chunk bound (0.1 to 0.2 nats a token, and one key column decaying by 63 nats in each chunk: key-side
+    factors up to e^63): o within 5e-3 of float64, and the least-squares scale of its intra-chunk term
+    (o less the float64 inter-chunk term, fitted to the float64 ``A V``) within 4e-4 of 1. bf16 rounding
+    is unbiased: the fit's spread over seeds is under 1e-4, so a 1e-3 mis-scaled ``A`` fails here where an
+    RMSE bound (the rounding of o alone is 3e-3) would not see it."""
+    def gates(rng, shape):
+        g = -rng.uniform(0.1, 0.2, shape)
+        g[..., 1:, 5] = -1.0                            # column 5: b_0 − b_63 = 63 ≤ SAFE_DECAY
+        return g
+
+    args, inter, intra = _output_case(K, gates, T=512)
+    b = args[3]
+    assert bool(mgpu_launcher.whole_chunk_gates(b, 64))
+    assert float(jnp.max(b[:, :, 0::64] - b[:, :, 63::64])) > 62
+    for form in ({"whole_chunk": True}, {"exact": False}, {"exact": True}):
+        with _interpreter() as params:
+            o = mgpu_launcher.chunk_fwd_o(*args, chunk=64, scale=0.25, interpret=params, **form)
+        o = np.asarray(o, np.float64)[0, 0] / 0.25
+        err = np.linalg.norm(o - inter - intra) / np.linalg.norm(inter + intra)
+        fit = np.sum((o - inter) * intra) / np.sum(intra * intra)
+        assert err < 5e-3 and abs(fit - 1) < 4e-4, (form, err, fit)
+
+
+@pytest.mark.parametrize("K", [64, 128])
+def test_gradient_forms_fit_the_exact_form(K):
+    """chunk_bwd's whole-chunk form (whole_chunk=True) against its exact form (which matches the Triton-backend
+    kernel to float32 rounding: test_kernels_match_the_triton_backend_kernels) on the gates of
+    test_output_forms_fit_the_float64_scores (up to e^63 key-side factors): dq, dk, dv within 5e-3 and the
+    gate gradient, a sum of cancelling terms, within 1.5e-2 (8.6e-3 here; the fast sub-chunk form's is 7.1e-3),
+    and the least-squares scale of each within 4e-4 of 1 (unbiased bf16 rounding; a mis-scaled term fails it). Zero states: only the intra-chunk terms, where the forms differ (their inter-chunk terms
+    are the same code; check_variant runs them with states)."""
+    def gates(rng, shape):
+        g = -rng.uniform(0.1, 0.2, shape)
+        g[..., 1:, 5] = -1.0
+        return g
+
+    (q, k, v, b, hs), _, _ = _output_case(K, gates, T=512)
+    assert bool(mgpu_launcher.whole_chunk_gates(b, 64))
+    rng = np.random.default_rng(11)
+    do = jnp.asarray(rng.standard_normal(v.shape), bf16)
+    hs = dso = jnp.zeros_like(hs)
+    outs = {}
+    for form in ("whole", "exact"):
+        with _interpreter() as params:
+            outs[form] = mgpu_launcher.chunk_bwd(q, k, v, b, do, hs, dso, chunk=64, scale=0.25, interpret=params,
+                                                 **({"whole_chunk": True} if form == "whole" else {"exact": True}))
+    for name, out, ref in zip(("dq", "dk", "dv", "dg"), outs["whole"], outs["exact"]):
+        out, ref = (np.asarray(x, np.float64) for x in (out, ref))
+        err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+        fit = np.sum(out * ref) / np.sum(ref * ref)
+        assert err < (1.5e-2 if name == "dg" else 5e-3) and abs(fit - 1) < 4e-4, (name, err, fit)
+
+
+@pytest.mark.parametrize("variant", ["chunk", "fused"])
+def test_steep_chunks_of_gentle_sub_chunks_take_the_sub_chunk_form(variant):
+    """Gates log σ(x)/0.5 (about 1.6 nats a token): each chunk decays by over SAFE_DECAY (so the whole-chunk
+    form would need e^{b_0 − b} beyond e^64), every 16-token sub-chunk by less; the predicates pick the fast
+    sub-chunk form; o and every gradient but dg within 5e-3 of float64."""
+    shape = {"B": 1, "T": 128, "H": 1, "K": 64, "V": 64, "tau": 0.5}
+    x, _ = make_inputs(variant, **shape)
+    b = _chunk_local_b(x["g"])
+    assert not bool(mgpu_launcher.whole_chunk_gates(b, 64)) and bool(mgpu_launcher.gentle_gates(b))
+    assert float(jnp.min(b[:, :, 0::64] - b[:, :, 63::64])) > mgpu_launcher.SAFE_DECAY  # every chunk, every column
+    with _interpreter() as params:
+        errors = check_variant(variant, chunk_size=64, dtype=bf16, launcher="mosaic_gpu", interpret=params,
+                               tol=5e-2, **shape)
+    # dg: 3.0e-2 here from the gradient kernels' fast sub-chunk form (bf16 dA and operands, then q ⊙ dq − k ⊙ dk
+    # cancelling; the Triton-backend launcher's is 1.6e-3), which the whole-chunk forms do not touch
+    assert all(errors[n] < 5e-3 for n in errors if n != "dg"), errors
+
+
+def test_whole_chunk_gates_bounds_the_decay_of_each_chunk():
+    """The whole-chunk form's condition: the first row minus the last of every 64-token chunk at most
+    SAFE_DECAY in every column; a NaN gate is not whole-chunk (nor gentle: the exact form takes it)."""
+    b = jnp.zeros((1, 1, 128, 2), jnp.float32)
+    step = mgpu_launcher.SAFE_DECAY / 63
+    ramp = -step * jnp.arange(64.0)                        # one chunk decaying by exactly SAFE_DECAY
+    assert bool(mgpu_launcher.whole_chunk_gates(b.at[0, 0, 64:, 1].set(ramp), 64))
+    assert not bool(mgpu_launcher.whole_chunk_gates(b.at[0, 0, 64:, 1].set(ramp * 1.01), 64))
+    assert bool(mgpu_launcher.gentle_gates(b.at[0, 0, 64:, 1].set(ramp * 1.01)))
+    nan = b.at[0, 0, 70:, 0].set(jnp.nan)
+    assert not bool(mgpu_launcher.whole_chunk_gates(nan, 64)) and not bool(mgpu_launcher.gentle_gates(nan))
+
+
 def test_an_invalid_gate_makes_the_output_nan_from_its_chunk_on():
     """The gate contract without debug: a positive log-gate at token 70 leaves chunk 0 finite and makes
     o NaN from its chunk on, and the final state NaN where the Triton-backend launcher's is (its key column)."""
@@ -241,7 +373,9 @@ def test_lowers_for_cuda(fused, gate, B, T, H, K, V):
     kernels (states, output), its VJP five (those two, the states recomputed in the backward, the
     state gradients, the chunk gradients); the fused forward is one, its VJP three (forward, the dq loop,
     the reverse dk, dv loop); no Triton-backend kernel is left. A per-key gate's per-chunk kernels come
-    twice, in the fast and the exact form of their diagonal tiles (lax.cond on gentle_gates)."""
+    twice, in the fast and the exact form of their diagonal tiles (lax.cond on gentle_gates), and the non-fused
+    ones a third time, in their whole-chunk form (lax.cond on whole_chunk_gates; the output kernel's at K = 96
+    and 128 in two key blocks of 64)."""
     sds = jax.ShapeDtypeStruct
     mode = "fused" if fused else "chunk"
     call = {"gla": fused_chunk_gla if fused else chunk_gla,
@@ -267,6 +401,7 @@ def test_lowers_for_cuda(fused, gate, B, T, H, K, V):
         assert _mosaic_calls(forward) == forms and _mosaic_calls(both) == 3 * forms
     else:
         names = ("gla_state_fwd_mgpu", "gla_chunk_fwd_o_mgpu", "gla_state_bwd_mgpu", "gla_chunk_bwd_mgpu")
+        forms += gate == "gla"  # the per-chunk kernels' whole-chunk form besides
         assert _mosaic_calls(forward) == 1 + forms and _mosaic_calls(both) == 3 + 2 * forms
     for name in names:
         assert name in both, name

@@ -1,12 +1,15 @@
 """Pallas launchers on Mosaic GPU (Hopper, sm_90): the chunk_gla kernels as warpgroup kernels.
 
-Status (read this first). Run on an H200 (jax 0.11.2; benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json):
-bf16 within 4.3e-3 of float64 for o, the final state and every gradient, and as fast as the Triton-backend
-launcher or faster at B=8, H=16, T=4096 (at K=V=128 chunk_gla's forward 5.9 against 10.6 ms, fwd+bwd 28.4
-against 27.9 ms; fused_chunk_gla at K=V=64 1.5 against 5.3 ms, 6.4 against 16.9 ms). It is the default of
+Status (read this first). Run on an H200 (jax 0.11.2, 2026-11-25; benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json):
+bf16 within 4.4e-3 of float64 for o, the final state and every gradient, and faster than the Triton-backend
+launcher kernel by kernel at B=8, H=16, T=4096 (at K=V=128 the output kernel 1.05 against 9.6 ms, the gradient
+kernel 13.2 against 25.8 ms; chunk_gla's forward 2.3 against 10.8 ms, fwd+bwd 15.1 against 27.9 ms). The
+whole-chunk forms (below) took the output kernel from 4.7 to 1.05 ms and the gradient kernel from 26.6 to
+13.2 ms at K=V=128 (at K=V=64: 0.56 to 0.38 and 6.6 to 1.2 ms). It is the default of
 ``chunk_gla``, ``fused_chunk_gla`` and ``chunk_simple_gla`` on a Hopper GPU for the calls it takes
 (:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan`), and it is still slower than
-``gla_ref.triton.chunk_gla`` at K=V=128 (1.7 and 5.7 ms). The CPU tests run it in the Mosaic GPU
+``gla_ref.triton.chunk_gla`` at K=V=128 (0.95 and 4.1 ms in the speed run of 2026-11-24): the gradient kernel,
+not blocked over K, holds [C, K] float32 arrays in registers. The CPU tests run it in the Mosaic GPU
 interpreter and lower it for CUDA. Every kernel of both paths is a Mosaic GPU kernel, with the layout and
 the chunk math of the other launchers:
 
@@ -14,7 +17,15 @@ the chunk math of the other launchers:
   :func:`state_bwd` (the gradient of the state leaving each chunk, ``dso``, and ``dh0``): one
   sequential kernel, :func:`_state_kernel`, run forwards or backwards;
 * :func:`chunk_fwd_o` (the output) and :func:`chunk_bwd` (``dq, dk, dv`` and the chunk-local gate
-  gradient), one program per chunk: :func:`_output_kernel`, :func:`_grad_kernel`.
+  gradient), one program per chunk: :func:`_output_kernel`, :func:`_grad_kernel`. Where every chunk's
+  keys decay by at most :data:`SAFE_DECAY` from its first row (:func:`whole_chunk_gates`, the paper's
+  gates), the output kernel takes its *whole-chunk form* (:func:`_whole_chunk_output_kernel`, as the
+  Triton kernels' ``gla_ref.triton.chunk_intra``): the chunk's scores split at the first row ``b_0``,
+  ``A = mask((Q ⊙ e^{b − b_0}) (K ⊙ e^{b_0 − b})ᵀ)``, one wgmma accumulation over the chunk with its
+  operands formed ``64`` key columns at a time (SMEM blocks of ``[C, 64]``), so at ``K = 128`` no
+  ``[C, K]`` float32 array is live; steeper chunks take the sub-chunk forms below. The gradient kernel has
+  a whole-chunk form too, through the same split (``dq``, ``dk`` and the scores one masked wgmma each
+  instead of ``C/16``), but with its ``[C, K]`` arrays whole, held in registers as its other forms hold them.
 
 * the fused path, :func:`fused_fwd` (output and final state; no state reaches HBM) and
   :func:`fused_bwd` (a forward loop for ``dq`` and the gate-gradient rows ``a``, a reverse loop for
@@ -29,15 +40,18 @@ one wgmma over the whole chunk, likewise ``dq``, ``dk`` through ``dA ⊙ D``; th
 the key columns are summed (:func:`_gate_width`).
 
 Little here is tuned: no warp specialisation, one warpgroup per program, and a scalar gate's gradient
-rows leave the kernels ``K`` wide. The per-chunk kernels form GLA's diagonal ``16 × 16`` tiles inside the
-masked wgmmas where the gates allow it (:func:`gentle_gates`; one key at a time in float32 otherwise, a
-form in which the output kernel took 7.5 times as long on the H200 at K=128 and 11 times at K=64), and
-sum the gate gradient inside a chunk with two wgmmas.
+rows leave the kernels ``K`` wide. The per-chunk kernels form a chunk's scores (and its ``dq``, ``dk``)
+with one wgmma each where :func:`whole_chunk_gates` allows it; otherwise, and in the fused kernels
+always, they form GLA's diagonal ``16 × 16`` tiles inside the masked wgmmas where the gates allow it
+(:func:`gentle_gates`; one key at a time in float32 otherwise, a form in which the output kernel took 7.5
+times as long on the H200 at K=128 and 11 times at K=64), and sum the gate gradient inside a chunk with
+two wgmmas. The three forms of a per-key gate are all compiled and chosen on the device by ``lax.cond``
+(:func:`_by_forms`); the fused kernels keep the two sub-chunk forms.
 
 Why the chunk math is not called directly: :mod:`gla_ref.pallas.chunk_math` builds a chunk from
 16-row sub-chunk values and ``dot_general``; on Mosaic GPU every matmul is a ``wgmma`` on SMEM tiles
 with at least 64 rows, and a register array has a fixed layout. So each kernel here writes the same
-formulas over the whole chunk (:class:`_Chunk`): the off-diagonal 16 × 16 tiles come from one masked
+formulas over the whole chunk (:class:`_Chunk`; the sub-chunk forms): the off-diagonal 16 × 16 tiles come from one masked
 ``wgmma`` per reference row ``r_I`` (the masks select exactly the tiles ``J < I`` that
 :func:`chunk_math.intra_scores` builds one by one), and every exponent is ≤ 0, masked with ``where``
 before ``exp``. The diagonal tiles have two forms (``exact`` of :class:`_Chunk`): float32 loops over
@@ -239,6 +253,32 @@ class _Ops:
         ``c @ d`` for each pair of ``more`` in the same accumulator."""
         return self._matmul_transposed(b_ref, shape, lambda b_t: (a_ref, b_t), more)
 
+    def matmul_nt_blocks(self, pairs, shape, more=()):
+        """``Σ a @ bᵀ`` over the ``(a, b)`` of ``pairs`` (SMEM tiles ``[M, 64]`` and ``[N, 64]``, the key blocks
+        of a contraction over ``K``), plus ``c @ d`` for each pair of ``more``: wgmmas into one float32
+        ``[M, N]`` accumulator, each ``bᵀ`` a transposed view (or, as in :meth:`_matmul_transposed`, a
+        transposed copy where the interpreter has no such view)."""
+        mgpu = self.mgpu
+
+        def run(acc, *copies):
+            for i, (a, b) in enumerate(pairs):
+                if copies:
+                    copies[i][...] = b[...].T
+                    mgpu.commit_smem()
+                    b_t = copies[i]
+                else:
+                    b_t = mgpu.transpose_ref(b, (1, 0))
+                mgpu.wgmma(acc, a, b_t)
+            for a, b in more:
+                mgpu.wgmma(acc, a, b)
+            return acc[...]
+
+        if self.copy_transposed:
+            types = [mgpu.SMEM(b.shape[::-1], b.dtype) for _, b in pairs]
+            return pl.run_scoped(lambda *copies: pl.run_scoped(lambda acc: run(acc, *copies),
+                                                               mgpu.ACC(shape, jnp.float32)), *types)
+        return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
+
     def matmul_tn(self, a_ref, b_ref, shape):
         """``a_refᵀ @ b_ref`` (SMEM tiles ``[C, M]`` and ``[C, N]``) as one wgmma, float32 ``[M, N]``."""
         return self._matmul_transposed(a_ref, shape, lambda a_t: (a_t, b_ref))
@@ -405,11 +445,16 @@ class _Chunk:
     ``exact``: how the diagonal ``16 × 16`` tiles of a per-key gate are formed. True: one key at a time in
     float32 (every exponent ≤ 0, any valid gate). False (the fast form, :func:`gentle_gates`): inside the
     masked wgmma of their sub-chunk I, whose key operand then also takes I's own tokens, scaled by
-    ``e^{r_I − b_j} ≥ 1``, at most ``e^{SAFE_DECAY}`` (the causal mask drops ``j > i`` afterwards)."""
+    ``e^{r_I − b_j} ≥ 1``, at most ``e^{SAFE_DECAY}`` (the causal mask drops ``j > i`` afterwards).
 
-    def __init__(self, ops, C, K, dtype, q_s, k_s, b_s, scalar=False, exact=True, hold=False):
-        self.ops, self.C, self.K, self.dtype = ops, C, K, dtype
+    ``sub``: the sub-chunk's rows, 16; or ``C`` for the gradient kernel's whole-chunk form (the fast form with
+    one sub-chunk, the chunk, :func:`whole_chunk_gates`: one masked wgmma of the operands
+    ``Q ⊙ e^{b − b_0}``, ``K ⊙ e^{b_0 − b}``, split at the chunk's first row ``b_0``)."""
+
+    def __init__(self, ops, C, K, dtype, q_s, k_s, b_s, scalar=False, exact=True, hold=False, sub=16):
+        self.ops, self.C, self.K, self.dtype, self.sub = ops, C, K, dtype, sub
         self.q_s, self.k_s, self.b_s, self.scalar, self.exact = q_s, k_s, b_s, scalar, exact
+        assert sub == 16 or not exact, "the exact form's diagonal tiles are 16 × 16"
         self.held = None
         if hold:
             self.held = {name: getattr(self, name) for name in ("q", "k", "b")}
@@ -444,16 +489,16 @@ class _Chunk:
     def sub_chunks(self):
         """The sub-chunks I whose masked wgmma runs: those with keys before them (I ≥ 1), and in the
         fast form also the first, whose only tile is its diagonal one."""
-        return range(1 if self.exact else 0, self.C // 16)
+        return range(1 if self.exact else 0, self.C // self.sub)
 
     def key_end(self, I):
         """The first key outside sub-chunk I's wgmma: ``16 I`` (tiles J < I), or in the fast form
-        ``16 I + 16`` (its diagonal tile too)."""
-        return 16 * I + (0 if self.exact else 16)
+        ``16 I + 16`` (its diagonal tile too; ``sub`` for 16)."""
+        return self.sub * I + (0 if self.exact else self.sub)
 
     def masks(self, I):
         """Tokens of sub-chunk I (the queries of its wgmma), and the keys of its wgmma (:meth:`key_end`)."""
-        return (self.row >= 16 * I) & (self.row < 16 * I + 16), self.row < self.key_end(I)
+        return (self.row >= self.sub * I) & (self.row < self.sub * I + self.sub), self.row < self.key_end(I)
 
     def same_tile(self, j):
         """Tokens ``i ≥ j`` in key ``j``'s sub-chunk (the rows of its diagonal tile)."""
@@ -468,10 +513,11 @@ class _Chunk:
                 jnp.where(before, self.k * jnp.exp(jnp.where(before, r - self.b, 0.0)), 0.0))
 
     def ref_rows(self, r_s=None):
-        """``I ↦ r_I [K]``, the first row of sub-chunk I: loaded from ``r_s`` (row I, copied by TMA), or
+        """``I ↦ r_I [K]``, the first row of sub-chunk I: loaded from ``r_s`` (row I, copied by TMA: row ``16 I``
+        of the chunk, so for ``sub = C`` row 0, the only one used), or
         picked out of ``b``'s registers (exact) where no such copy was made."""
         if r_s is None:
-            return lambda I: self.pick(self.b, 16 * I)
+            return lambda I: self.pick(self.b, self.sub * I)
         return lambda I: self.ops.load(r_s.at[I], self.ops.mgpu.Layout.WGMMA.reduce(0))
 
     def decay(self):
@@ -527,16 +573,31 @@ def _chunk_output(tile, S, v_s, ref_row, hb_s, x_s, y_s, a_s, scale):
     return scale * ops.matmul_nt(x_s, hb_s, (C, BV), more=((a_s, v_s),))
 
 
-def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True):
-    """One chunk's output ``O = scale (Q ⊙ e^{b}) S + A V`` (one program per chunk and value block).
+def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, whole=False):
+    """One chunk's output ``O = scale ((Q ⊙ e^{b}) S + A V)`` (one program per chunk and value block, grid
+    ``(B, H, NV, N)``; HBM: the chunk's ``q, k`` and ``b`` rows, its value block of ``v`` and of the state
+    ``S`` entering it read once, ``O``'s block written once). ``A`` is the chunk's causal scores, in one of
+    three forms (the launcher picks one per call on the device, :func:`chunk_fwd_o`):
 
-    ``A``, the chunk's causal scores, is assembled in float32 registers: the off-diagonal 16-row tiles
-    by one ``wgmma`` per reference row ``r_I`` (``I = 1 … C/16 − 1``) of the masked operands
-    ``Q_I ⊙ e^{b − r_I}`` (rows of sub-chunk I only) and ``K ⊙ e^{r_I − b}`` (keys before row 16 I):
-    each product fills exactly the tiles ``A_IJ, J < I``, as :func:`chunk_math.intra_scores` builds
-    them one by one; the diagonal tiles ``Σ_d q_id k_jd e^{b_id − b_jd}`` one key column at a time in
-    float32, the key's row picked out of the registers by a one-hot sum (as the shared chunk math
-    does; every exponent ≤ 0, masked with ``where`` before ``exp``)."""
+    * ``whole`` (:func:`whole_chunk_gates`: every key of every chunk decays by at most :data:`SAFE_DECAY`
+      from the chunk's first row ``b_0``): ``A = mask((Q ⊙ e^{b − b_0}) (K ⊙ e^{b_0 − b})ᵀ)``, one wgmma
+      accumulation over the whole chunk (:func:`_whole_chunk_output_kernel`), operands formed
+      ``BK = 64`` key columns at a time;
+    * the fast sub-chunk form (``exact=False``, :func:`gentle_gates`): the tiles of each 16-row sub-chunk
+      I (``I = 0 … C/16 − 1``) by one masked wgmma of ``Q_I ⊙ e^{b − r_I}`` (rows of sub-chunk I only) and
+      ``K ⊙ e^{r_I − b}`` (keys up to I's last), ``r_I`` the sub-chunk's first row; the causal mask after;
+    * the exact form (``exact=True``, any valid gate): the off-diagonal 16-row tiles by the masked
+      wgmmas above, restricted to the keys before row ``16 I`` (each product fills exactly the tiles
+      ``A_IJ, J < I``, as :func:`chunk_math.intra_scores` builds them one by one); the diagonal tiles
+      ``Σ_d q_id k_jd e^{b_id − b_jd}`` one key column at a time in float32, the key's row picked out
+      of the registers by a one-hot sum (as the shared chunk math does; every exponent ≤ 0, masked with
+      ``where`` before ``exp``).
+
+    The sub-chunk forms hold whole ``[C, K]`` float32 arrays (at ``K = 128`` three of them are 192
+    registers a thread, :meth:`_Chunk._load`) and re-form full operands for each of the ``C/16`` wgmmas;
+    the whole-chunk form forms each operand once, ``[C, 64]`` at a time. Scalar gates: ``(Q Kᵀ) ⊙ D``."""
+    if whole and not scalar:
+        return _whole_chunk_output_kernel(d, dtype, scale=scale, interpret=interpret)
     ops = _Ops(interpret)
     mgpu = ops.mgpu
     W = mgpu.Layout.WGMMA
@@ -582,6 +643,110 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True
     return kernel, scratch
 
 
+WHOLE_CHUNK_KEYS = 64
+"""``BK``: key columns per step of the whole-chunk form (as :data:`gla_ref.triton.chunk_intra.WHOLE_CHUNK_KEYS`):
+its ``q, k, b`` and state tiles are held as ``K / BK`` SMEM blocks of ``[C, BK]`` (a 128-byte swizzled
+bfloat16 row), so that only ``[C, BK]`` float32 arrays are live in registers and every wgmma of the
+contraction over ``K`` reads whole blocks (no SMEM slicing inside a swizzled tile)."""
+
+
+def whole_chunk_gates(b, chunk=CHUNK):
+    """True (a traced boolean, no sync) when in every chunk of ``chunk`` tokens of the chunk-local gates
+    ``b [B, H, T, K]`` every key column decays by at most :data:`SAFE_DECAY` from the chunk's first row to its
+    last (``b`` falls along a chunk, so the last row decides for all of them): the per-chunk kernels'
+    whole-chunk forms (:func:`_whole_chunk_output_kernel`, ``whole`` of :func:`_grad_kernel`) then hold every
+    exponent. NaN gates are not (a comparison with NaN is False)."""
+    B, H, T, K = b.shape
+    c = b.reshape(B, H, T // chunk, chunk, K)
+    return jnp.all(c[:, :, :, 0] - c[:, :, :, chunk - 1] <= SAFE_DECAY)
+
+
+def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
+    """The whole-chunk form of :func:`_output_kernel` (per-key gates whose chunks decay by at most
+    :data:`SAFE_DECAY`, :func:`whole_chunk_gates`): every score of the chunk splits at its first row ``b_0``,
+
+        ``A = mask((Q ⊙ e^{b − b_0}) (K ⊙ e^{b_0 − b})ᵀ)``,   ``O = scale ((Q ⊙ e^{b}) S + A V)``,
+
+    the query-side exponents ≤ 0, the key-side ones in ``[0, SAFE_DECAY]`` (at most e^64, which float32 and
+    bfloat16 hold), each product still ``q_i k_j e^{b_i − b_j}``; the causal mask drops ``j > i`` (finite
+    there, since ``b_i − b_j ≤ SAFE_DECAY`` too).
+
+    Grid ``(B, H, NV, N)``, one program per chunk and block of ``BV`` value columns; it owns ``O``'s
+    ``[C, BV]`` block. Its ``q, k`` (input dtype), ``b`` (float32) and state ``Sᵀ [BV, K]`` (float32) come by
+    TMA as ``K / BK`` blocks of ``BK = 64`` key columns (:data:`WHOLE_CHUNK_KEYS`), ``b_0`` as one ``[BK]``
+    row per block. Per block ``c``, in registers (``[C, BK]`` float32 at a time, 96 registers a thread for
+    ``q, k, b``): ``Q_c ⊙ e^{b_c − b_0}``, ``K_c ⊙ e^{b_0 − b_c}`` and ``Q_c ⊙ e^{b_c}``, and ``Sᵀ_c``, stored as
+    the input dtype to SMEM work blocks. Then one accumulator of ``K / BK`` wgmmas gives ``A`` (``[C, C]``,
+    contraction over the key blocks), the causal mask in registers, ``A`` to SMEM as the input dtype, and
+    one more accumulator ``Σ_c (Q_c ⊙ e^{b_c}) S_c + A V`` (``K / BK + 1`` wgmmas). HBM: as the sub-chunk
+    forms (each tile read once), without their ``C/16`` reference rows."""
+    ops = _Ops(interpret)
+    mgpu = ops.mgpu
+    W = mgpu.Layout.WGMMA
+    C, K, BV = d.C, d.K, d.BV
+    BK = WHOLE_CHUNK_KEYS
+    nk = K // BK
+    f32 = jnp.float32
+
+    def kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref, q_s, k_s, b_s, b0_s, h_s, v_s, xq_s, xk_s, xs_s, hb_s,
+               a_s, o_s, ready):
+        ib, ih, iv, n = (lax.axis_index(a) for a in ("b", "h", "v", "n"))
+        rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
+        for c in range(nk):  # key block c: columns c BK … c BK + BK − 1
+            keys = pl.ds(c * BK, BK)
+            mgpu.copy_gmem_to_smem(q_ref.at[ib, ih, rows, keys], q_s.at[c], ready.at[0])
+            mgpu.copy_gmem_to_smem(k_ref.at[ib, ih, rows, keys], k_s.at[c], ready.at[0])
+            mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, rows, keys], b_s.at[c], ready.at[0])
+            mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C, keys], b0_s.at[c], ready.at[0])
+            mgpu.copy_gmem_to_smem(h_ref.at[ib, ih, n, cols, keys], h_s.at[c], ready.at[0])
+        mgpu.copy_gmem_to_smem(v_ref.at[ib, ih, rows, cols], v_s, ready.at[0])
+        mgpu.barrier_wait(ready.at[0])
+
+        for c in range(nk):  # the operands, one key block at a time
+            b = ops.load(b_s.at[c], W)
+            b0 = lax.broadcast_in_dim(ops.load(b0_s.at[c], W.reduce(0)), (C, BK), [1])
+            q = ops.load(q_s.at[c], W).astype(f32)
+            xq_s.at[c][...] = (q * jnp.exp(b - b0)).astype(dtype)   # exponents ≤ 0
+            xs_s.at[c][...] = (q * jnp.exp(b)).astype(dtype)        # ≤ 0: b is chunk-local
+            k = ops.load(k_s.at[c], W).astype(f32)
+            xk_s.at[c][...] = (k * jnp.exp(b0 - b)).astype(dtype)   # in [0, SAFE_DECAY]
+            hb_s.at[c][...] = ops.load(h_s.at[c], W).astype(dtype)
+        mgpu.commit_smem()
+        A = ops.matmul_nt_blocks([(xq_s.at[c], xk_s.at[c]) for c in range(nk)], (C, C))
+        srow = ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), 0), W)
+        scol = ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), 1), W)
+        a_s[...] = jnp.where(srow >= scol, A, 0.0).astype(dtype)
+        mgpu.commit_smem()
+        o = scale * ops.matmul_nt_blocks([(xs_s.at[c], hb_s.at[c]) for c in range(nk)], (C, BV),
+                                         more=((a_s, v_s),))
+        o_s[...] = o.astype(o_s.dtype)
+        mgpu.commit_smem()
+        mgpu.copy_smem_to_gmem(o_s, o_ref.at[ib, ih, rows, cols])
+        mgpu.wait_smem_to_gmem(0)
+
+    sw = _transforms
+
+    def blocks(rows, dt):
+        return mgpu.SMEM((nk, rows, BK), dt, transforms=sw(dt, BK))
+
+    scratch = [
+        blocks(C, dtype),                                        # q
+        blocks(C, dtype),                                        # k
+        blocks(C, f32),                                          # b
+        mgpu.SMEM((nk, BK), f32),                                # b_0, the chunk's first row
+        blocks(BV, f32),                                         # Sᵀ
+        mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # v
+        blocks(C, dtype),                                        # Q ⊙ e^{b − b_0}
+        blocks(C, dtype),                                        # K ⊙ e^{b_0 − b}
+        blocks(C, dtype),                                        # Q ⊙ e^{b}
+        blocks(BV, dtype),                                       # Sᵀ (bf16 operand)
+        mgpu.SMEM((C, C), dtype, transforms=sw(dtype, C)),       # A
+        mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # O
+        mgpu.Barrier(num_arrivals=5 * nk + 1, num_barriers=1),
+    ]
+    return kernel, scratch
+
+
 def _chunk_grads(tile, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=None, dsb_s=None, dS=None):
     """One chunk's gradients in full-chunk form (:func:`chunk_math.chunk_dq`, :func:`chunk_math.chunk_dkv`),
     float32: ``dq`` given ``hb_s`` (the state entering the chunk, ``Sᵀ`` as a bf16 operand); ``dk, dv`` and
@@ -592,7 +757,8 @@ def _chunk_grads(tile, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=Non
 
     The inter-chunk terms are one wgmma each; the off-diagonal tiles use the masked operands of
     :meth:`_Chunk.ref_operands` with ``dA = dO Vᵀ`` masked to the tiles ``(I, J < I)``; the diagonal tiles
-    are float32, one key column (``dq``) or key row (``dk``) at a time."""
+    are float32, one key column (``dq``) or key row (``dk``) at a time (``exact``), or in the masked wgmmas
+    (the fast form; for a whole-chunk ``tile``, ``sub = C``, one wgmma each for ``dq``, ``dk`` and ``A``)."""
     ops, mgpu, C, K, BV, dtype = tile.ops, tile.ops.mgpu, tile.C, tile.K, v_s.shape[-1], tile.dtype
     want_dq, want_dk = hb_s is not None, dsb_s is not None
     dq = dk = dv = kappa = c = None
@@ -628,7 +794,7 @@ def _chunk_grads(tile, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=Non
         r = tile.rows(ref_row(I))
         mine, before = tile.masks(I)
         xq, xk = tile.ref_operands(I, r)
-        tiles_I = (tile.srow >= 16 * I) & (tile.srow < 16 * I + 16) & (tile.scol < tile.key_end(I))
+        tiles_I = (tile.srow >= tile.sub * I) & (tile.srow < tile.sub * (I + 1)) & (tile.scol < tile.key_end(I))
         tiles_I = tiles_I & (tile.srow >= tile.scol)
         a_s[...] = jnp.where(tiles_I, dA, 0.0).astype(dtype)  # A has been read: its buffer takes dA
         if want_dq:
@@ -661,14 +827,20 @@ def _chunk_grads(tile, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=Non
     return dq, dk, dv, kappa, c
 
 
-def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True):
+def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, whole=False):
     """One chunk's ``dq, dk, dv`` and chunk-local gate gradient from the state entering it (``h``) and the
     gradient of the state leaving it (``dso``): :func:`chunk_math.chunk_dq`, :func:`chunk_math.chunk_dkv`
     and :func:`chunk_math.chunk_gate_grad` in full-chunk form (:func:`_chunk_grads`). The reverse sum of the gate
     gradient inside the chunk is ``U x``, ``U`` the upper triangle of ones, as two bf16 wgmmas: ``x``'s bf16
     part and its bf16 remainder (a float32 operand would be read as tf32, 10 bits; the split keeps 16).
     The float32 states live in scoped SMEM buffers that later hold the float32 results on their way out.
-    The kernel fills about 221 KiB of SMEM at ``K = 128`` (the lowering checks the 227 KiB a block has)."""
+    The kernel fills about 221 KiB of SMEM at ``K = 128`` (the lowering checks the 227 KiB a block has).
+
+    ``whole`` (per-key gates, :func:`whole_chunk_gates`): the whole-chunk form, ``dA`` masked causal against
+    the operands split at the chunk's first row ``b_0``: ``dq = scale (dA (K ⊙ e^{b_0 − b})) ⊙ e^{b − b_0}``,
+    ``dk = scale (dAᵀ (Q ⊙ e^{b − b_0})) ⊙ e^{b_0 − b}`` and the scores for ``dv``, one wgmma each (a
+    :class:`_Chunk` of one sub-chunk of ``C`` rows), where the sub-chunk forms take ``C/16`` each. The
+    ``[C, K]`` float32 arrays stay whole (held, as in the other forms), not in blocks of 64 key columns."""
     ops = _Ops(interpret)
     mgpu = ops.mgpu
     W = mgpu.Layout.WGMMA
@@ -700,7 +872,8 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True):
         SdS = pl.run_scoped(states, state_type, state_type)
         mgpu.barrier_wait(ready.at[0])
         bC = ops.load(bc_s, W.reduce(0))
-        tile = _Chunk(ops, C, K, dtype, q_s, k_s, b_s, scalar, exact, hold=True)
+        tile = _Chunk(ops, C, K, dtype, q_s, k_s, b_s, scalar, exact and not whole, hold=True,
+                      sub=C if whole and not scalar else 16)
         dq, dk, dv, kappa, _ = _chunk_grads(tile, bC, v_s, do_s, tile.ref_rows(r_s), x_s, y_s, a_s, scale,
                                             hb_s=hb_s, dsb_s=dsb_s)
         dgamma = jnp.exp(bC) * SdS + kappa  # the explicit gradient of the chunk's decay b_C
@@ -785,6 +958,21 @@ def _by_gates(b, scalar, call, exact=None):
     return lax.cond(gentle_gates(b), lambda: call(False), lambda: call(True))
 
 
+def _by_forms(b, scalar, chunk, call, exact=None, whole_chunk=None):
+    """``call(exact, whole)`` for the per-chunk kernels of the non-fused path: the whole-chunk form where
+    :func:`whole_chunk_gates`, else the sub-chunk forms by :func:`_by_gates`, chosen on the device by
+    ``lax.cond`` (all compiled, no sync). Forced: ``whole_chunk=True`` (the whole-chunk form, whatever the
+    gates: only for gates that satisfy :func:`whole_chunk_gates`), or ``exact`` True or False (that sub-chunk
+    form); ``whole_chunk=False`` with ``exact=None``: the sub-chunk forms by :func:`gentle_gates`. Scalar
+    gates have one form."""
+    if scalar or whole_chunk is False or (whole_chunk is None and exact is not None):
+        return _by_gates(b, scalar, lambda exact: call(exact, False), exact)
+    if whole_chunk:
+        return call(False, True)
+    return lax.cond(whole_chunk_gates(b, chunk), lambda: call(False, True),
+                    lambda: _by_gates(b, scalar, lambda exact: call(exact, False)))
+
+
 def _gate_width(x, scalar):
     """A scalar gate's gradient terms from the kernels' per-key-column ones: their sum over the key columns
     (every column carries the same gate, so its gradient is the sum of theirs)."""
@@ -803,45 +991,48 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
                        interpret=interpret, name="gla_state_bwd_mgpu")[:2]
 
 
-def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False, exact=None):
+def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False, exact=None, whole_chunk=None):
     """The output, one program per chunk and value block on the grid ``(B, H, NV, N)``, from the state
-    ``h`` entering the chunk (:func:`_output_kernel`); ``exact``: the diagonal tiles' form (None: by
-    :func:`gentle_gates`)."""
+    ``h`` entering the chunk (:func:`_output_kernel`). The form of a per-key gate's scores (:func:`_by_forms`):
+    the whole-chunk form where :func:`whole_chunk_gates`, else the fast sub-chunk form where
+    :func:`gentle_gates`, else the exact one; ``whole_chunk=True`` or ``exact`` True or False force one."""
     check_supported(q.dtype, q.shape[-1], chunk)
     b, scalar = _per_key(b, q.shape[-1])
     d = _dims(q, v, chunk)
     mgpu = _compat.mosaic_gpu()
 
-    def call(exact):
-        kernel, scratch = _output_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar, exact=exact)
+    def call(exact, whole):
+        kernel, scratch = _output_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar, exact=exact,
+                                         whole=whole)
         run = mgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(v.shape, q.dtype), scratch_types=scratch,
                           grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
                           compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
                           kernel_name="gla_chunk_fwd_o_mgpu")
         return run(q, k, v, b, h)
 
-    return _by_gates(b, scalar, call, exact)
+    return _by_forms(b, scalar, chunk, call, exact, whole_chunk)
 
 
-def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False, exact=None):
+def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False, exact=None, whole_chunk=None):
     """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32) and the gate
     gradient's partials ``[B, H, NV, T, K]``, one program per chunk and value block (:func:`_grad_kernel`);
-    ``exact`` as for :func:`chunk_fwd_o`."""
+    the forms and ``exact``, ``whole_chunk`` as for :func:`chunk_fwd_o`."""
     check_supported(q.dtype, q.shape[-1], chunk)
     b, scalar = _per_key(b, q.shape[-1])
     d = _dims(q, v, chunk)
     mgpu = _compat.mosaic_gpu()
     part = jax.ShapeDtypeStruct((d.B, d.H, d.NV, d.N * d.C, d.K), jnp.float32)
 
-    def call(exact):
-        kernel, scratch = _grad_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar, exact=exact)
+    def call(exact, whole):
+        kernel, scratch = _grad_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar, exact=exact,
+                                       whole=whole)
         run = mgpu.kernel(kernel, out_type=[part, part, jax.ShapeDtypeStruct(v.shape, jnp.float32), part],
                           scratch_types=scratch, grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
                           compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
                           kernel_name="gla_chunk_bwd_mgpu")
         return tuple(run(q, k, v, b, do, h, dso))
 
-    dq, dk, dv, dg = _by_gates(b, scalar, call, exact)
+    dq, dk, dv, dg = _by_forms(b, scalar, chunk, call, exact, whole_chunk)
     return dq, dk, dv, _gate_width(dg, scalar)
 
 
