@@ -224,64 +224,45 @@ class _Ops:
 
         return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
 
-    def _matmul_transposed(self, x_ref, shape, operands, more=()):
-        """One wgmma (float32 ``shape``) with the SMEM tile ``x_ref`` transposed, ``operands(xᵀ)`` giving
-        its ``(a, b)``: ``xᵀ`` is a transposed view of the tile, or, where the interpreter has no such
-        view (``copy_transposed``), a transposed copy in SMEM. ``more``: further ``(a, b)`` pairs whose
-        products the same accumulator adds."""
+    def _matmul_transposed(self, x_refs, shape, operands, more=()):
+        """wgmmas into one float32 accumulator ``shape`` with the SMEM tiles ``x_refs`` transposed,
+        ``operands(xᵀs)`` giving their ``(a, b)`` pairs: each ``xᵀ`` is a transposed view of its tile, or,
+        where the interpreter has no such view (``copy_transposed``), a transposed copy in SMEM. ``more``:
+        further ``(a, b)`` pairs whose products the same accumulator adds."""
         mgpu = self.mgpu
 
-        def run(acc, x_t=None):
-            if x_t is None:
-                x_t = mgpu.transpose_ref(x_ref, (1, 0))
-            else:
-                x_t[...] = x_ref[...].T
+        def run(acc, *copies):
+            if copies:
+                for x_ref, x_t in zip(x_refs, copies):
+                    x_t[...] = x_ref[...].T
                 mgpu.commit_smem()
-            mgpu.wgmma(acc, *operands(x_t))
-            for a, b in more:
+            else:
+                copies = [mgpu.transpose_ref(x_ref, (1, 0)) for x_ref in x_refs]
+            for a, b in (*operands(copies), *more):
                 mgpu.wgmma(acc, a, b)
             return acc[...]
 
         if self.copy_transposed:  # an accumulator cannot share one scoped allocation with SMEM
-            x_t_type = mgpu.SMEM(x_ref.shape[::-1], x_ref.dtype)
-            return pl.run_scoped(lambda x_t: pl.run_scoped(lambda acc: run(acc, x_t), mgpu.ACC(shape, jnp.float32)),
-                                 x_t_type)
+            types = [mgpu.SMEM(x_ref.shape[::-1], x_ref.dtype) for x_ref in x_refs]
+            return pl.run_scoped(lambda *copies: pl.run_scoped(lambda acc: run(acc, *copies),
+                                                               mgpu.ACC(shape, jnp.float32)), *types)
         return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
 
     def matmul_nt(self, a_ref, b_ref, shape, more=()):
         """``a_ref @ b_refᵀ`` (SMEM tiles ``[M, K]`` and ``[N, K]``) as one wgmma, float32 ``[M, N]``, plus
         ``c @ d`` for each pair of ``more`` in the same accumulator."""
-        return self._matmul_transposed(b_ref, shape, lambda b_t: (a_ref, b_t), more)
+        return self._matmul_transposed([b_ref], shape, lambda b_t: [(a_ref, b_t[0])], more)
 
     def matmul_nt_blocks(self, pairs, shape, more=()):
         """``Σ a @ bᵀ`` over the ``(a, b)`` of ``pairs`` (SMEM tiles ``[M, 64]`` and ``[N, 64]``, the key blocks
         of a contraction over ``K``), plus ``c @ d`` for each pair of ``more``: wgmmas into one float32
-        ``[M, N]`` accumulator, each ``bᵀ`` a transposed view (or, as in :meth:`_matmul_transposed`, a
-        transposed copy where the interpreter has no such view)."""
-        mgpu = self.mgpu
-
-        def run(acc, *copies):
-            for i, (a, b) in enumerate(pairs):
-                if copies:
-                    copies[i][...] = b[...].T
-                    mgpu.commit_smem()
-                    b_t = copies[i]
-                else:
-                    b_t = mgpu.transpose_ref(b, (1, 0))
-                mgpu.wgmma(acc, a, b_t)
-            for a, b in more:
-                mgpu.wgmma(acc, a, b)
-            return acc[...]
-
-        if self.copy_transposed:
-            types = [mgpu.SMEM(b.shape[::-1], b.dtype) for _, b in pairs]
-            return pl.run_scoped(lambda *copies: pl.run_scoped(lambda acc: run(acc, *copies),
-                                                               mgpu.ACC(shape, jnp.float32)), *types)
-        return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
+        ``[M, N]`` accumulator."""
+        return self._matmul_transposed([b for _, b in pairs], shape,
+                                       lambda b_ts: [(a, b_t) for (a, _), b_t in zip(pairs, b_ts)], more)
 
     def matmul_tn(self, a_ref, b_ref, shape):
         """``a_refᵀ @ b_ref`` (SMEM tiles ``[C, M]`` and ``[C, N]``) as one wgmma, float32 ``[M, N]``."""
-        return self._matmul_transposed(a_ref, shape, lambda a_t: (a_t, b_ref))
+        return self._matmul_transposed([a_ref], shape, lambda a_t: [(a_t[0], b_ref)])
 
 
 class _Loop(NamedTuple):
@@ -656,9 +637,15 @@ def whole_chunk_gates(b, chunk=CHUNK):
     last (``b`` falls along a chunk, so the last row decides for all of them): the per-chunk kernels'
     whole-chunk forms (:func:`_whole_chunk_output_kernel`, ``whole`` of :func:`_grad_kernel`) then hold every
     exponent. NaN gates are not (a comparison with NaN is False)."""
+    return _spans_decay_safely(b, chunk)
+
+
+def _spans_decay_safely(b, span):
+    """Whether every run of ``span`` tokens of ``b [B, H, T, K]`` (T a multiple of ``span``) decays by at most
+    :data:`SAFE_DECAY` from its first row to its last, in every key column (False where either is NaN)."""
     B, H, T, K = b.shape
-    c = b.reshape(B, H, T // chunk, chunk, K)
-    return jnp.all(c[:, :, :, 0] - c[:, :, :, chunk - 1] <= SAFE_DECAY)
+    runs = b.reshape(B, H, T // span, span, K)
+    return jnp.all(runs[:, :, :, 0] - runs[:, :, :, span - 1] <= SAFE_DECAY)
 
 
 def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
@@ -942,9 +929,7 @@ def gentle_gates(b):
     """True (a traced boolean, no sync) when every 16-token sub-chunk of the chunk-local gates ``b [B, H, T, K]``
     decays by at most :data:`SAFE_DECAY`: the kernels then form the diagonal tiles in their wgmmas (the fast
     form); otherwise, and for NaN gates, one key at a time in float32 (``exact``), correct for any gate."""
-    B, H, T, K = b.shape
-    sub = b.reshape(B, H, T // 16, 16, K)
-    return jnp.all(sub[:, :, :, 0] - sub[:, :, :, 15] <= SAFE_DECAY)
+    return _spans_decay_safely(b, 16)
 
 
 def _by_gates(b, scalar, call, exact=None):
