@@ -162,8 +162,9 @@ def precompile(kernel, configs: list, args: dict) -> None:
     """Compile ``kernel`` for every config in ``configs`` at once, on threads, through Triton's
     ``AsyncCompileMode`` (Triton ≥ 3.4): the autotuner then finds each binary in the kernel's cache and only
     times it. Nothing happens under the interpreter, for a single config, with ``GLA_REF_COMPILE_WORKERS=1``
-    or where this Triton lacks the mode. Compile errors are not swallowed here: a config that fails
-    fails the same way when the autotuner reaches it."""
+    or where this Triton lacks the mode. A config that fails to compile is passed over here
+    (``ignore_errors``) and fails again, with its error, when the autotuner reaches it, which handles it
+    as it always does."""
     workers = int(os.environ.get(COMPILE_WORKERS, "0") or 0) or min(8, len(configs))
     if device.triton_interpret() or len(configs) < 2 or workers < 2 or AsyncCompileMode is None:
         return
