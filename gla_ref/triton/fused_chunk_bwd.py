@@ -41,8 +41,7 @@ backward allocates dq, dk, dv, dg and dh0 and, for V ≤ 256, nothing else.
 The intra-chunk sums (dq's over j ≤ i, dk's over i ≥ j, and dv's P) have the forward's two forms,
 picked per program and chunk by :func:`~gla_ref.triton.fused_chunk_fwd.gentle_chunk` (for kernels 1
 and 2 on the gates of their own keys). The exact form runs one key j (dq) or one query i (dk, P) at a
-time, reading that token's row, so no loop step needs a reduction across the rows of a tile, and
-every exponent is ≤ 0. Where the chunk decays by at most SAFE_DECAY (64 nats) from its start, the
+time, that token's rows taken from the chunk's tiles in registers, so every exponent is ≤ 0. Where the chunk decays by at most SAFE_DECAY (64 nats) from its start, the
 fast form splits every exponent there, one matmul each with float32 operands and the mask M first:
 
     dQ = ((dP ⊙ M) (K ⊙ exp(−b))) ⊙ exp b,     dK = ((dP ⊙ M)ᵀ (Q ⊙ exp b)) ⊙ exp(−b)
@@ -71,10 +70,9 @@ from gla_ref.triton.fused_chunk_fwd import (
     fast_scores,
     gentle_chunk,
     launch_meta,
-    load_gate_row,
-    load_row,
     load_state,
     load_tile,
+    row,
     state_block,
     state_step,
     store_tile,
@@ -82,14 +80,10 @@ from gla_ref.triton.fused_chunk_fwd import (
 
 
 @triton.jit
-def query_decays(q, g, n, i, b, b_i, o_k, scale, T, K: tl.constexpr, HK: tl.constexpr, C: tl.constexpr,
-                 USE_G: tl.constexpr):
-    """Query i of chunk n against the keys j of its chunk: ``scale · q_i ⊙ exp(b_i − b_j)`` for
-    j ≤ i, 0 for j > i (``[C, BK]``), and the running gate sum ``b_i`` updated with row i."""
-    t_i = tl.cast(n * C + i, tl.int64)
-    if USE_G:
-        b_i += load_gate_row(g, t_i, o_k, T, K, HK)
-    return (load_row(q, t_i, o_k, T, K, HK) * scale)[None, :] * decay_to(b, b_i, i, C), b_i
+def query_decays(b_q, b, i, C: tl.constexpr):
+    """Query i of the chunk against its keys j: ``q_i ⊙ exp(b_i − b_j)`` for j ≤ i, 0 for j > i
+    (``[C, BK]``), from the chunk's (scaled) query tile and its gates b."""
+    return row(b_q, i, C)[None, :] * decay_to(b, row(b, i, C), i, C)
 
 
 @triton.jit
@@ -136,7 +130,7 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T
     S = load_state(h0, i_bh, o_k, o_v, K, V, BK, BV, USE_H0)
     for n in range(tl.cdiv(T, C)):
         rows = (n * C + o_c).to(tl.int64)
-        b, b_last = chunk_gates(g, n, o_k, T, K, H * K, C, BK, USE_G)
+        b, b_last = chunk_gates(g, rows, o_k, T, K, H * K, C, BK, USE_G)
         b_k = load_tile(k, rows, o_k, T, K, H * K)
         b_v = load_tile(v, rows, o_v, T, V, H * V)
         b_do = load_tile(do, rows, o_v, T, V, H * V)
@@ -145,13 +139,8 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T
         if gentle_chunk(b_last):
             b_dq += fast_dq(dP, b_k, b, C, FPREC)
         else:  # the exact form
-            b_j = tl.zeros([BK], dtype=tl.float32)
             for j in range(C):  # key j reaches the queries i ≥ j with decay exp(b_i − b_j)
-                t_j = tl.cast(n * C + j, tl.int64)
-                if USE_G:
-                    b_j += load_gate_row(g, t_j, o_k, T, K, H * K)
-                k_j = load_row(k, t_j, o_k, T, K, H * K)
-                b_dq += col(dP, j, C)[:, None] * k_j[None, :] * decay_from(b, b_j, j, C)
+                b_dq += col(dP, j, C)[:, None] * row(b_k, j, C)[None, :] * decay_from(b, row(b, j, C), j, C)
         b_dq *= scale
         store_tile(dq, rows, o_k, T, K, H * K, b_dq)
         if USE_G:  # q ⊙ dq, the first term of dB, kept in dg's buffer for kernel 2
@@ -186,7 +175,7 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part
     for i_n in range(NT):
         n = NT - 1 - i_n
         rows = (n * C + o_c).to(tl.int64)
-        b, b_last = chunk_gates(g, n, o_k, T, K, H * K, C, BK, USE_G)
+        b, b_last = chunk_gates(g, rows, o_k, T, K, H * K, C, BK, USE_G)
         b_q = load_tile(q, rows, o_k, T, K, H * K)
         b_k = load_tile(k, rows, o_k, T, K, H * K)
         b_v = load_tile(v, rows, o_v, T, V, H * V)
@@ -196,10 +185,9 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part
             b_dk = fast_dk(dPT, b_q * scale, b, C, FPREC)
         else:  # the exact form
             b_dk = tl.zeros([C, BK], dtype=tl.float32)
-            b_i = tl.zeros([BK], dtype=tl.float32)
+            b_qs = b_q * scale
             for i in range(C):  # query i reaches the keys j ≤ i
-                qe, b_i = query_decays(q, g, n, i, b, b_i, o_k, scale, T, K, H * K, C, USE_G)
-                b_dk += col(dPT, i, C)[:, None] * qe
+                b_dk += col(dPT, i, C)[:, None] * query_decays(b_qs, b, i, C)
         b_dk += dot(b_v, tl.trans(dS), tl.float32, PREC) * tl.exp(b_last[None, :] - b)
         store_tile(dk, rows, o_k, T, K, H * K, b_dk)
         if USE_G:
@@ -235,7 +223,7 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T,
     for i_n in range(NT):
         n = NT - 1 - i_n
         rows = (n * C + o_c).to(tl.int64)
-        b, b_last = chunk_gates(g, n, o_k, T, K, H * K, C, BK, USE_G)
+        b, b_last = chunk_gates(g, rows, o_k, T, K, H * K, C, BK, USE_G)
         b_q = load_tile(q, rows, o_k, T, K, H * K)
         b_k = load_tile(k, rows, o_k, T, K, H * K)
         b_do = load_tile(do, rows, o_v, T, V, H * V)
@@ -243,10 +231,10 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T,
             PT = tl.trans(fast_scores(b_q * scale, b_k, b, C, PREC))
         else:  # the exact form, one query column at a time
             PT = tl.zeros([C, C], dtype=tl.float32)
-            b_i = tl.zeros([BK], dtype=tl.float32)
+            b_qs = b_q * scale
             for i in range(C):
-                qe, b_i = query_decays(q, g, n, i, b, b_i, o_k, scale, T, K, H * K, C, USE_G)
-                PT += tl.where((o_c == i)[None, :], tl.sum(qe * b_k, axis=1)[:, None], 0.0)
+                P_i = tl.sum(query_decays(b_qs, b, i, C) * b_k, axis=1)  # query i against every key
+                PT += tl.where((o_c == i)[None, :], P_i[:, None], 0.0)
         b_kd = b_k * tl.exp(b_last[None, :] - b)  # exp(b_C − b) ≤ 1: key to the end of the chunk
         store_tile(dv, rows, o_v, T, V, H * V, dot(PT, b_do, DT, PREC) + dot(b_kd, dS, tl.float32, PREC))
         dS = state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC)
