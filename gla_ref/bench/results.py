@@ -65,6 +65,7 @@ SCRIPTS = {
     "first_call": "first_call.py",
     "config_timings": "first_call.py --out benchmarks/results/config_timings_<device>.json",
     "speed_vs_fla": "speed_vs_fla.py",
+    "fused_rerun_speed_vs_fla": "speed_vs_fla.py --shapes 64x64 128x128 --out benchmarks/results/fused_rerun_speed_vs_fla_<device>.json",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
 }

@@ -1,16 +1,21 @@
 """Pallas launchers on Mosaic GPU (Hopper, sm_90): the chunk_gla kernels as warpgroup kernels.
 
-Status (read this first). Run on an H200 (jax 0.11.2, 2026-11-25; benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json):
-bf16 within 4.4e-3 of float64 for o, the final state and every gradient, and faster than the Triton-backend
-launcher kernel by kernel at B=8, H=16, T=4096 (at K=V=128 the output kernel 1.05 against 9.6 ms, the gradient
-kernel 13.2 against 25.8 ms; chunk_gla's forward 2.3 against 10.8 ms, fwd+bwd 15.1 against 27.9 ms). The
-whole-chunk forms (below) took the output kernel from 4.7 to 1.05 ms and the gradient kernel from 26.6 to
-13.2 ms at K=V=128 (at K=V=64: 0.56 to 0.38 and 6.6 to 1.2 ms). It is the default of
-``chunk_gla``, ``fused_chunk_gla`` and ``chunk_simple_gla`` on a Hopper GPU for the calls it takes
-(:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan`), and it is still slower than
-``gla_ref.triton.chunk_gla`` at K=V=128 (0.95 and 4.1 ms in the speed run of 2026-11-24): the gradient kernel,
-not blocked over K, holds [C, K] float32 arrays in registers. The CPU tests run it in the Mosaic GPU
-interpreter and lower it for CUDA. Every kernel of both paths is a Mosaic GPU kernel, with the layout and
+Status (read this first). Run on an H200 (jax 0.11.2, 2026-11-25;
+benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json): bf16 within 4.4e-3 of float64 for o, the final state
+and every gradient, and faster than the Triton-backend launcher kernel by kernel at B=8, H=16, T=4096 (at
+K=V=128 the output kernel 1.05 against 9.6 ms, the gradient kernel 13.2 against 25.8 ms; chunk_gla's forward
+2.3 against 10.8 ms, fwd+bwd 15.1 against 27.9 ms). The whole-chunk forms (below) took the output kernel
+from 4.7 to 1.05 ms and the gradient kernel from 26.6 to 13.2 ms at K=V=128 (at K=V=64: 0.56 to 0.38 and
+6.6 to 1.2 ms). It is the default of ``chunk_gla``, ``fused_chunk_gla`` and ``chunk_simple_gla`` on a
+Hopper GPU for the calls it takes (:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan`), and it was
+still slower than ``gla_ref.triton.chunk_gla`` at K=V=128 (0.95 and 4.1 ms in the speed run of 2026-11-24):
+its gradient kernel, not blocked over K then, held [C, K] float32 arrays in registers. Since those runs (not
+yet run on a GPU; interpreter and CUDA-lowering tests only): the gradient kernel's whole-chunk form is
+blocked over K as the output kernel's is (:func:`_whole_chunk_grad_kernel`), and the gradient kernels'
+matmul forms of the diagonal tiles take ``dq``'s and ``dk``'s intra-chunk operands in two bf16 parts each
+(:func:`_split`), which took the gate gradient from 3.0e-2 to 1.6e-3 of float64 at steep gates (1.6 nats a
+token; at the paper's, log σ(x)/16, 4.1e-3 to 1.7e-3). The CPU tests run it in the Mosaic GPU interpreter
+and lower it for CUDA. Every kernel of both paths is a Mosaic GPU kernel, with the layout and
 the chunk math of the other launchers:
 
 * :func:`state_fwd` (the states entering each chunk, ``h``, and the final state) and
@@ -24,8 +29,8 @@ the chunk math of the other launchers:
   ``A = mask((Q ⊙ e^{b − b_0}) (K ⊙ e^{b_0 − b})ᵀ)``, one wgmma accumulation over the chunk with its
   operands formed ``64`` key columns at a time (SMEM blocks of ``[C, 64]``), so at ``K = 128`` no
   ``[C, K]`` float32 array is live; steeper chunks take the sub-chunk forms below. The gradient kernel has
-  a whole-chunk form too, through the same split (``dq``, ``dk`` and the scores one masked wgmma each
-  instead of ``C/16``), but with its ``[C, K]`` arrays whole, held in registers as its other forms hold them.
+  a whole-chunk form too, :func:`_whole_chunk_grad_kernel`, through the same split (``dq``, ``dk`` and the
+  scores one masked wgmma each instead of ``C/16``) and blocked over ``K`` the same way.
 
 * the fused path, :func:`fused_fwd` (output and final state; no state reaches HBM) and
   :func:`fused_bwd` (a forward loop for ``dq`` and the gate-gradient rows ``a``, a reverse loop for
@@ -51,14 +56,21 @@ two wgmmas. The three forms of a per-key gate are all compiled and chosen on the
 Why the chunk math is not called directly: :mod:`gla_ref.pallas.chunk_math` builds a chunk from
 16-row sub-chunk values and ``dot_general``; on Mosaic GPU every matmul is a ``wgmma`` on SMEM tiles
 with at least 64 rows, and a register array has a fixed layout. So each kernel here writes the same
-formulas over the whole chunk (:class:`_Chunk`; the sub-chunk forms): the off-diagonal 16 × 16 tiles come from one masked
-``wgmma`` per reference row ``r_I`` (the masks select exactly the tiles ``J < I`` that
+formulas over the whole chunk (:class:`_Chunk`; the sub-chunk forms): the off-diagonal 16 × 16 tiles come from
+one masked ``wgmma`` per reference row ``r_I`` (the masks select exactly the tiles ``J < I`` that
 :func:`chunk_math.intra_scores` builds one by one), and every exponent is ≤ 0, masked with ``where``
 before ``exp``. The diagonal tiles have two forms (``exact`` of :class:`_Chunk`): float32 loops over
 keys, whose results agree with the Triton-backend launcher's to float32 rounding, up to a last-bit flip
 where a bf16 operand is rounded from a float32 sum taken in another order; or, where every 16-token
 decay is at most :data:`SAFE_DECAY`, the same masked wgmma with the key operand also taking sub-chunk
 I's own tokens (exponents up to SAFE_DECAY there), one bf16 rounding more (tests/test_pallas_mosaic_gpu.py).
+In that form the gradient kernels' ``dq`` and ``dk`` operands (``K ⊙ e^{r_I − b}``, ``Q ⊙ e^{b − r_I}``; in the
+whole-chunk form ``r_I = b_0``) go in two bf16 parts each (:func:`_split`), two wgmmas each instead of one: a
+product ``q_i dA_ij k_j e^{b_i − b_j}`` of the diagonal tiles enters both ``q ⊙ dq`` and ``k ⊙ dk``, and the gate
+gradient, their difference summed over ``s ≥ t``, cancels it for ``i, j ≥ t`` (for ``i = j`` undecayed, the
+largest terms) only if both sides are formed alike. With one bf16 part each the two sides were rounded
+apart (each operand by its own 2⁻⁹), and the gate gradient was 3.0e-2 off float64 at steep gates (the
+Triton-backend launcher's, float32 diagonal tiles: 1.6e-3); with the remainders, 1.6e-3.
 
 What a program is. Mosaic GPU runs one *warpgroup* (4 warps, 128 threads) per program; arrays in
 a kernel are distributed over the warpgroup's registers in a layout (``WGMMA``: the accumulator
@@ -97,12 +109,13 @@ names this launcher. Accumulation and states are float32.
 Sizes: ``K`` and ``V`` are padded to powers of two of at least 64 (a 128-byte swizzled row of
 bfloat16, and the ``wgmma`` M of a warpgroup); chunks are 64 tokens (a register tile of a warpgroup
 has a multiple of 64 rows) and ``K ≤ 128``, which keep every kernel's tiles within a Hopper block's
-227 KiB of SMEM (the lowering checks it); the fused kernels take ``K ≤ 64`` (at most 185 KiB; 257 to 314 KiB at
+227 KiB of SMEM (the lowering checks it); the fused kernels take ``K ≤ 64`` (at most 197 KiB; 257 to 314 KiB at
 ``K = 128``).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -214,12 +227,14 @@ class _Ops:
     def cast(self, x, layout):
         return x if self.interpret else self.mgpu.layout_cast(x, layout)
 
-    def matmul(self, a_ref, b_ref, shape):
-        """``a_ref @ b_ref`` (SMEM tiles) as one wgmma, float32 ``shape``."""
+    def matmul(self, a_ref, b_ref, shape, lo=None):
+        """``a_ref @ b_ref`` (SMEM tiles) as one wgmma, float32 ``shape``; given ``lo``, ``a_ref @ (b_ref + lo)``
+        as two wgmmas into one accumulator (``b_ref, lo``: a float32 operand's two bf16 parts, :func:`_split`)."""
         mgpu = self.mgpu
 
         def run(acc):
-            mgpu.wgmma(acc, a_ref, b_ref)
+            for b in (b_ref,) if lo is None else (b_ref, lo):
+                mgpu.wgmma(acc, a_ref, b)
             return acc[...]
 
         return pl.run_scoped(run, mgpu.ACC(shape, jnp.float32))
@@ -260,9 +275,11 @@ class _Ops:
         return self._matmul_transposed([b for _, b in pairs], shape,
                                        lambda b_ts: [(a, b_t) for (a, _), b_t in zip(pairs, b_ts)], more)
 
-    def matmul_tn(self, a_ref, b_ref, shape):
-        """``a_refᵀ @ b_ref`` (SMEM tiles ``[C, M]`` and ``[C, N]``) as one wgmma, float32 ``[M, N]``."""
-        return self._matmul_transposed([a_ref], shape, lambda a_t: [(a_t[0], b_ref)])
+    def matmul_tn(self, a_ref, b_ref, shape, lo=None):
+        """``a_refᵀ @ b_ref`` (SMEM tiles ``[C, M]`` and ``[C, N]``) as one wgmma, float32 ``[M, N]``; ``lo`` as
+        for :meth:`matmul`."""
+        parts = (b_ref,) if lo is None else (b_ref, lo)
+        return self._matmul_transposed([a_ref], shape, lambda a_t: [(a_t[0], b) for b in parts])
 
 
 class _Loop(NamedTuple):
@@ -416,6 +433,20 @@ def _state_call(x, y, b, s0, *, chunk, reverse, scale, want_final, interpret, na
     return states, final, tuple(outs)
 
 
+def _split(x, dtype):
+    """A float32 ``x`` as two operands of the input dtype, ``hi = x`` rounded and ``lo = x − hi`` rounded: the
+    wgmmas of both into one accumulator multiply by ``x`` to about 2⁻¹⁶ of it, ``hi`` alone to 2⁻⁹ (bf16)."""
+    hi = x.astype(dtype)
+    return hi, (x - hi.astype(jnp.float32)).astype(dtype)
+
+
+def _upper_ones(ops, C, dtype):
+    """``U [C, C]``, ones on and above the diagonal: ``U x`` sums ``x`` over the rows ``s ≥ t`` of a chunk."""
+    W = ops.mgpu.Layout.WGMMA
+    srow, scol = (ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), a), W) for a in (0, 1))
+    return jnp.where(scol >= srow, ops.cast(jnp.ones((C, C), jnp.float32), W), 0.0).astype(dtype)
+
+
 class _Chunk:
     """Register-level helpers of the per-chunk kernels: one chunk ``[C, K]`` in the ``WGMMA`` layout.
 
@@ -426,16 +457,11 @@ class _Chunk:
     ``exact``: how the diagonal ``16 × 16`` tiles of a per-key gate are formed. True: one key at a time in
     float32 (every exponent ≤ 0, any valid gate). False (the fast form, :func:`gentle_gates`): inside the
     masked wgmma of their sub-chunk I, whose key operand then also takes I's own tokens, scaled by
-    ``e^{r_I − b_j} ≥ 1``, at most ``e^{SAFE_DECAY}`` (the causal mask drops ``j > i`` afterwards).
+    ``e^{r_I − b_j} ≥ 1``, at most ``e^{SAFE_DECAY}`` (the causal mask drops ``j > i`` afterwards)."""
 
-    ``sub``: the sub-chunk's rows, 16; or ``C`` for the gradient kernel's whole-chunk form (the fast form with
-    one sub-chunk, the chunk, :func:`whole_chunk_gates`: one masked wgmma of the operands
-    ``Q ⊙ e^{b − b_0}``, ``K ⊙ e^{b_0 − b}``, split at the chunk's first row ``b_0``)."""
-
-    def __init__(self, ops, C, K, dtype, q_s, k_s, b_s, scalar=False, exact=True, hold=False, sub=16):
-        self.ops, self.C, self.K, self.dtype, self.sub = ops, C, K, dtype, sub
+    def __init__(self, ops, C, K, dtype, q_s, k_s, b_s, scalar=False, exact=True, hold=False):
+        self.ops, self.C, self.K, self.dtype = ops, C, K, dtype
         self.q_s, self.k_s, self.b_s, self.scalar, self.exact = q_s, k_s, b_s, scalar, exact
-        assert sub == 16 or not exact, "the exact form's diagonal tiles are 16 × 16"
         self.held = None
         if hold:
             self.held = {name: getattr(self, name) for name in ("q", "k", "b")}
@@ -470,16 +496,16 @@ class _Chunk:
     def sub_chunks(self):
         """The sub-chunks I whose masked wgmma runs: those with keys before them (I ≥ 1), and in the
         fast form also the first, whose only tile is its diagonal one."""
-        return range(1 if self.exact else 0, self.C // self.sub)
+        return range(1 if self.exact else 0, self.C // 16)
 
     def key_end(self, I):
         """The first key outside sub-chunk I's wgmma: ``16 I`` (tiles J < I), or in the fast form
-        ``16 I + 16`` (its diagonal tile too; ``sub`` for 16)."""
-        return self.sub * I + (0 if self.exact else self.sub)
+        ``16 I + 16`` (its diagonal tile too)."""
+        return 16 * I + (0 if self.exact else 16)
 
     def masks(self, I):
         """Tokens of sub-chunk I (the queries of its wgmma), and the keys of its wgmma (:meth:`key_end`)."""
-        return (self.row >= self.sub * I) & (self.row < self.sub * I + self.sub), self.row < self.key_end(I)
+        return (self.row >= 16 * I) & (self.row < 16 * I + 16), self.row < self.key_end(I)
 
     def same_tile(self, j):
         """Tokens ``i ≥ j`` in key ``j``'s sub-chunk (the rows of its diagonal tile)."""
@@ -494,11 +520,10 @@ class _Chunk:
                 jnp.where(before, self.k * jnp.exp(jnp.where(before, r - self.b, 0.0)), 0.0))
 
     def ref_rows(self, r_s=None):
-        """``I ↦ r_I [K]``, the first row of sub-chunk I: loaded from ``r_s`` (row I, copied by TMA: row ``16 I``
-        of the chunk, so for ``sub = C`` row 0, the only one used), or
+        """``I ↦ r_I [K]``, the first row of sub-chunk I: loaded from ``r_s`` (row I, copied by TMA), or
         picked out of ``b``'s registers (exact) where no such copy was made."""
         if r_s is None:
-            return lambda I: self.pick(self.b, self.sub * I)
+            return lambda I: self.pick(self.b, 16 * I)
         return lambda I: self.ops.load(r_s.at[I], self.ops.mgpu.Layout.WGMMA.reduce(0))
 
     def decay(self):
@@ -745,7 +770,7 @@ def _chunk_grads(tile, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=Non
     The inter-chunk terms are one wgmma each; the off-diagonal tiles use the masked operands of
     :meth:`_Chunk.ref_operands` with ``dA = dO Vᵀ`` masked to the tiles ``(I, J < I)``; the diagonal tiles
     are float32, one key column (``dq``) or key row (``dk``) at a time (``exact``), or in the masked wgmmas
-    (the fast form; for a whole-chunk ``tile``, ``sub = C``, one wgmma each for ``dq``, ``dk`` and ``A``)."""
+    (the fast form, their operands in two bf16 parts: see the loop's comment)."""
     ops, mgpu, C, K, BV, dtype = tile.ops, tile.ops.mgpu, tile.C, tile.K, v_s.shape[-1], tile.dtype
     want_dq, want_dk = hb_s is not None, dsb_s is not None
     dq = dk = dv = kappa = c = None
@@ -776,25 +801,43 @@ def _chunk_grads(tile, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=Non
         return dq, dk, dv, kappa, c
 
     # the tiles of each sub-chunk's wgmma: dA restricted to (rows of I, its keys, causal) against the masked
-    # operands (the causal mask matters only in the fast form's diagonal tile)
-    for I in tile.sub_chunks():
-        r = tile.rows(ref_row(I))
-        mine, before = tile.masks(I)
-        xq, xk = tile.ref_operands(I, r)
-        tiles_I = (tile.srow >= tile.sub * I) & (tile.srow < tile.sub * (I + 1)) & (tile.scol < tile.key_end(I))
-        tiles_I = tiles_I & (tile.srow >= tile.scol)
-        a_s[...] = jnp.where(tiles_I, dA, 0.0).astype(dtype)  # A has been read: its buffer takes dA
-        if want_dq:
-            x_s[...] = xk.astype(dtype)
-        if want_dk:
-            y_s[...] = xq.astype(dtype)
-        mgpu.commit_smem()
-        if want_dq:
-            dq = dq + scale * ops.matmul(a_s, x_s, (C, K)) * jnp.exp(jnp.where(mine, tile.b - r, 0.0))
-        if want_dk:
-            dk = dk + scale * ops.matmul_tn(a_s, y_s, (C, K)) * jnp.exp(jnp.where(before, r - tile.b, 0.0))
+    # operands (the causal mask matters only in the fast form's diagonal tile). The fast form's operands go in
+    # two bf16 parts each (:func:`_split`, their remainders in scoped tiles): its wgmmas also make the diagonal
+    # tiles, whose products q_i dA_ij k_j e^{b_i − b_j} enter q ⊙ dq and k ⊙ dk alike and cancel in the gate
+    # gradient (i = j undecayed) only if both are formed to float32 accuracy, as the exact form's are.
+    def operand(hi_s, lo_s, x):
+        if lo_s is None:
+            hi_s[...] = x.astype(dtype)
+        else:
+            hi_s[...], lo_s[...] = _split(x, dtype)
+
+    def sub_chunks(*lo):  # lo: the fast form's remainder tiles, dq's operand's then dk's (of those wanted)
+        lo_k, lo_q = (lo[0] if lo and want_dq else None), (lo[-1] if lo and want_dk else None)
+        dq_, dk_ = dq, dk
+        for I in tile.sub_chunks():
+            r = tile.rows(ref_row(I))
+            mine, before = tile.masks(I)
+            xq, xk = tile.ref_operands(I, r)
+            tiles_I = (tile.srow >= 16 * I) & (tile.srow < 16 * I + 16) & (tile.scol < tile.key_end(I))
+            tiles_I = tiles_I & (tile.srow >= tile.scol)
+            a_s[...] = jnp.where(tiles_I, dA, 0.0).astype(dtype)  # A has been read: its buffer takes dA
+            if want_dq:
+                operand(x_s, lo_k, xk)
+            if want_dk:
+                operand(y_s, lo_q, xq)
+            mgpu.commit_smem()
+            if want_dq:
+                dq_ = dq_ + scale * ops.matmul(a_s, x_s, (C, K), lo=lo_k) * jnp.exp(jnp.where(mine, tile.b - r, 0.0))
+            if want_dk:
+                dk_ = dk_ + scale * ops.matmul_tn(a_s, y_s, (C, K), lo=lo_q) * jnp.exp(
+                    jnp.where(before, r - tile.b, 0.0))
+        return dq_, dk_
+
     if not tile.exact:
+        lo_type = mgpu.SMEM((C, K), dtype, transforms=_transforms(dtype, K))
+        dq, dk = pl.run_scoped(sub_chunks, *[lo_type] * (want_dq + want_dk))
         return dq, dk, dv, kappa, c
+    dq, dk = sub_chunks()
 
     # diagonal tiles, key j at a time: dq_i += dA_ij k_j e^{b_i − b_j}, dk_j += Σ_i dA_ij q_i e^{b_i − b_j}
     def key(j, carry):
@@ -817,17 +860,19 @@ def _chunk_grads(tile, bC, v_s, do_s, ref_row, x_s, y_s, a_s, scale, *, hb_s=Non
 def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, whole=False):
     """One chunk's ``dq, dk, dv`` and chunk-local gate gradient from the state entering it (``h``) and the
     gradient of the state leaving it (``dso``): :func:`chunk_math.chunk_dq`, :func:`chunk_math.chunk_dkv`
-    and :func:`chunk_math.chunk_gate_grad` in full-chunk form (:func:`_chunk_grads`). The reverse sum of the gate
-    gradient inside the chunk is ``U x``, ``U`` the upper triangle of ones, as two bf16 wgmmas: ``x``'s bf16
-    part and its bf16 remainder (a float32 operand would be read as tf32, 10 bits; the split keeps 16).
-    The float32 states live in scoped SMEM buffers that later hold the float32 results on their way out.
-    The kernel fills about 221 KiB of SMEM at ``K = 128`` (the lowering checks the 227 KiB a block has).
+    and :func:`chunk_math.chunk_gate_grad` in full-chunk form (:func:`_chunk_grads`), one program per chunk and
+    value block (grid ``(B, H, NV, N)``). The reverse sum of the gate gradient inside the chunk is ``U x``, ``U``
+    the upper triangle of ones, as two bf16 wgmmas: ``x``'s bf16 part and its bf16 remainder (:func:`_split`;
+    a float32 operand would be read as tf32, 10 bits; the split keeps 16). The float32 states live in scoped
+    SMEM buffers that later hold the float32 results on their way out. The kernel fills about 221 KiB of SMEM
+    at ``K = 128`` (the lowering checks the 227 KiB a block has). Its sub-chunk forms hold ``q, k, b`` and
+    ``dq, dk`` as whole ``[C, K]`` float32 arrays (:meth:`_Chunk._load`).
 
-    ``whole`` (per-key gates, :func:`whole_chunk_gates`): the whole-chunk form, ``dA`` masked causal against
-    the operands split at the chunk's first row ``b_0``: ``dq = scale (dA (K ⊙ e^{b_0 − b})) ⊙ e^{b − b_0}``,
-    ``dk = scale (dAᵀ (Q ⊙ e^{b − b_0})) ⊙ e^{b_0 − b}`` and the scores for ``dv``, one wgmma each (a
-    :class:`_Chunk` of one sub-chunk of ``C`` rows), where the sub-chunk forms take ``C/16`` each. The
-    ``[C, K]`` float32 arrays stay whole (held, as in the other forms), not in blocks of 64 key columns."""
+    ``whole`` (per-key gates, :func:`whole_chunk_gates`): :func:`_whole_chunk_grad_kernel`, ``dq``, ``dk`` and
+    the scores split at the chunk's first row, one masked wgmma each where the sub-chunk forms take ``C/16``,
+    blocked over ``K``."""
+    if whole and not scalar:
+        return _whole_chunk_grad_kernel(d, dtype, scale=scale, interpret=interpret)
     ops = _Ops(interpret)
     mgpu = ops.mgpu
     W = mgpu.Layout.WGMMA
@@ -859,8 +904,7 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, 
         SdS = pl.run_scoped(states, state_type, state_type)
         mgpu.barrier_wait(ready.at[0])
         bC = ops.load(bc_s, W.reduce(0))
-        tile = _Chunk(ops, C, K, dtype, q_s, k_s, b_s, scalar, exact and not whole, hold=True,
-                      sub=C if whole and not scalar else 16)
+        tile = _Chunk(ops, C, K, dtype, q_s, k_s, b_s, scalar, exact, hold=True)
         dq, dk, dv, kappa, _ = _chunk_grads(tile, bC, v_s, do_s, tile.ref_rows(r_s), x_s, y_s, a_s, scale,
                                             hb_s=hb_s, dsb_s=dsb_s)
         dgamma = jnp.exp(bC) * SdS + kappa  # the explicit gradient of the chunk's decay b_C
@@ -869,11 +913,8 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, 
         # ones: two wgmmas, of x's bf16 part and of its bf16 remainder (U exact in bf16; what the two parts
         # miss of x is under 2⁻¹⁶ of it, and the products are summed in float32). x goes to SMEM first, dq
         # and dk leave, then dg is formed: fewer [C, K] arrays held at once.
-        x = tile.q * dq - tile.k * dk
-        hi = x.astype(dtype)
-        a_s[...] = jnp.where(tile.scol >= tile.srow, ops.cast(jnp.ones((C, C), f32), W), 0.0).astype(dtype)
-        x_s[...] = hi
-        y_s[...] = (x - hi.astype(f32)).astype(dtype)
+        a_s[...] = _upper_ones(ops, C, dtype)
+        x_s[...], y_s[...] = _split(tile.q * dq - tile.k * dk, dtype)
         mgpu.commit_smem()
 
         def write(out_s, dv_s):
@@ -885,7 +926,7 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, 
 
             out(dq_ref, dq)
             out(dk_ref, dk)
-            out(dg_ref, ops.matmul(a_s, x_s, (C, K)) + ops.matmul(a_s, y_s, (C, K)) + tile.rows(dgamma))
+            out(dg_ref, ops.matmul(a_s, x_s, (C, K), lo=y_s) + tile.rows(dgamma))
             dv_s[...] = dv
             mgpu.commit_smem()
             mgpu.copy_smem_to_gmem(dv_s, dv_ref.at[ib, ih, rows, cols])
@@ -910,6 +951,173 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, 
         mgpu.SMEM((C, C), dtype, transforms=sw(dtype, C)),       # scores A, then dA of the tiles (I, J < I)
         mgpu.Barrier(num_arrivals=6 + n_sub, num_barriers=1),
         mgpu.Barrier(num_arrivals=2, num_barriers=1),
+    ]
+    return kernel, scratch
+
+
+def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
+    """The whole-chunk form of :func:`_grad_kernel` (per-key gates whose chunks decay by at most
+    :data:`SAFE_DECAY`, :func:`whole_chunk_gates`), blocked over ``K`` as :func:`_whole_chunk_output_kernel`.
+    Every score and score gradient of the chunk splits at its first row ``b_0`` (query side
+    ``Q̃ = Q ⊙ e^{b − b_0}``, exponents ≤ 0; key side ``K̃ = K ⊙ e^{b_0 − b}``, in ``[0, SAFE_DECAY]``):
+
+        ``A = mask(Q̃ K̃ᵀ)``,  ``dA = mask(dO Vᵀ)``,  ``dV = (K ⊙ e^{b_C − b}) dS + scale Aᵀ dO``,
+        ``dQ = scale ((dO Sᵀ) ⊙ e^{b} + (dA K̃) ⊙ e^{b − b_0})``,
+        ``dK = (V dSᵀ) ⊙ e^{b_C − b} + scale (dAᵀ Q̃) ⊙ e^{b_0 − b}``,
+        ``dg = U (Q ⊙ dQ − K ⊙ dK) + dγ``,  ``dγ = e^{b_C} ⊙ Σ_v S ⊙ dS + Σ_rows K ⊙ (V dSᵀ) ⊙ e^{b_C − b}``,
+
+    with the roundings of the sub-chunk forms' :func:`_chunk_grads` (bf16 operands, float32 accumulation; ``K̃``
+    and ``Q̃`` in two bf16 parts each for ``dQ`` and ``dK``, whose products then cancel in ``dg`` as the exact
+    form's do).
+
+    Grid ``(B, H, NV, N)``, one program per chunk and block of ``BV`` value columns; it owns ``dV``'s ``[C, BV]``
+    block and this value block's partials of ``dQ``, ``dK``, ``dg`` (``[C, K]`` each; the launcher sums them over
+    the value blocks). Its ``q, k`` (input dtype) and ``b`` (float32) come by TMA as ``K / BK`` blocks of
+    ``BK = 64`` key columns (:data:`WHOLE_CHUNK_KEYS`), ``b_0`` and ``b_C`` as one ``[BK]`` row per block, and
+    the float32 states ``Sᵀ``, ``dSᵀ`` one ``[BV, BK]`` block at a time. Two passes over the key blocks, each
+    array in registers ``[C, BK]`` float32 (32 registers a thread), none ``[C, K]``:
+
+    1. per block ``c``: ``Sᵀ_c``, ``dSᵀ_c`` to bf16 SMEM operands and ``Σ_v S_c ⊙ dS_c``; ``Q̃_c``, ``K̃_c`` and
+       ``K_c ⊙ e^{b_C − b_c}`` to bf16 SMEM blocks. Then ``A`` (``K / BK`` wgmmas into one accumulator) and
+       ``dV`` (``K / BK + 1``);
+    2. ``dA`` (one wgmma) to SMEM; ``dV`` leaves; then per block ``c``: ``Q̃_c``'s and ``K̃_c``'s bf16
+       remainders, ``dQ_c`` (three wgmmas), ``dK_c`` (three) and ``dg_c`` (two), each stored to HBM as soon
+       as it is finished, through two float32 SMEM buffers in turn.
+
+    So ``2 + 10 K / BK`` wgmmas of ``64 × 64 × 64`` (22 at ``K = 128``: the tensor-core work of the unblocked
+    form with the same split), and about six ``[C, BK]`` float32 arrays live at most (``b``, ``x = q ⊙ dQ_c``,
+    ``dK_c``, an accumulator, an exponential, a reloaded ``q`` or ``k``: some 200 of a thread's 255 registers,
+    at any ``K``; the unblocked form held ``q, k, b, dQ, dK`` as ``[C, K]`` arrays, 320 registers at
+    ``K = 128``). ``e^{b − b_0}`` and ``e^{b_0 − b}`` are formed in both passes rather than held: registers are
+    the scarce resource. SMEM, 212 KiB at ``K = 128``: 153 KiB for the whole kernel, then 48 KiB scoped to
+    the first pass (a state block pair, ``K ⊙ e^{b_C − b}``) or 56 KiB to the second (remainders, ``U``, output
+    buffers). HBM: each input tile and state read once, each result written once, as in the sub-chunk forms."""
+    ops = _Ops(interpret)
+    mgpu = ops.mgpu
+    W = mgpu.Layout.WGMMA
+    C, K, BV = d.C, d.K, d.BV
+    BK = WHOLE_CHUNK_KEYS
+    nk = K // BK
+    f32 = jnp.float32
+    assert BV == BK, "dV leaves through the [C, BK] output buffers"
+
+    def kernel(q_ref, k_ref, v_ref, b_ref, do_ref, h_ref, dso_ref, dq_ref, dk_ref, dv_ref, dg_ref,
+               q_s, k_s, b_s, b0_s, bc_s, v_s, do_s, hb_s, dsb_s, xq_s, xk_s, a_s, ready, state_ready):
+        ib, ih, iv, n = (lax.axis_index(a) for a in ("b", "h", "v", "n"))
+        rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
+        for c in range(nk):  # key block c: columns c BK … c BK + BK − 1
+            keys = pl.ds(c * BK, BK)
+            for src, dst in ((q_ref.at[ib, ih, rows, keys], q_s.at[c]), (k_ref.at[ib, ih, rows, keys], k_s.at[c]),
+                             (b_ref.at[ib, ih, rows, keys], b_s.at[c]), (b_ref.at[ib, ih, n * C, keys], b0_s.at[c]),
+                             (b_ref.at[ib, ih, n * C + C - 1, keys], bc_s.at[c])):
+                mgpu.copy_gmem_to_smem(src, dst, ready.at[0])
+        mgpu.copy_gmem_to_smem(v_ref.at[ib, ih, rows, cols], v_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(do_ref.at[ib, ih, rows, cols], do_s, ready.at[0])
+        def causal(x):  # x [C, C] with 0 above the diagonal (the iotas formed here, not held through the passes)
+            srow, scol = (ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), a), W) for a in (0, 1))
+            return jnp.where(srow >= scol, x, 0.0)
+
+        def row(r_s, c):  # b_0 or b_C of key block c, [BK]
+            return ops.load(r_s.at[c], W.reduce(0))
+
+        def wide(x):  # a [BK] row broadcast to every token, [C, BK]
+            return lax.broadcast_in_dim(x, (C, BK), [1])
+
+        def load(x_s, c):  # key block c of q or k as float32 [C, BK]
+            return ops.load(x_s.at[c], W).astype(f32)
+
+        def first_pass(s_s, ds_s, xs_s):
+            def fetch(c):
+                keys = pl.ds(c * BK, BK)
+                mgpu.copy_gmem_to_smem(h_ref.at[ib, ih, n, cols, keys], s_s, state_ready.at[c])
+                mgpu.copy_gmem_to_smem(dso_ref.at[ib, ih, n, cols, keys], ds_s, state_ready.at[c])
+
+            fetch(0)
+            mgpu.barrier_wait(ready.at[0])
+            SdS = []
+            for c in range(nk):
+                mgpu.barrier_wait(state_ready.at[c])
+                St, dSt = ops.load(s_s, W), ops.load(ds_s, W)
+                hb_s.at[c][...] = St.astype(dtype)
+                dsb_s.at[c][...] = dSt.astype(dtype)
+                SdS.append(jnp.sum(St * dSt, axis=0))
+                b, b0 = ops.load(b_s.at[c], W), wide(row(b0_s, c))
+                xq_s.at[c][...] = (load(q_s, c) * jnp.exp(b - b0)).astype(dtype)                # exponents ≤ 0
+                xk_s.at[c][...] = (load(k_s, c) * jnp.exp(b0 - b)).astype(dtype)                # in [0, SAFE_DECAY]
+                xs_s.at[c][...] = (load(k_s, c) * jnp.exp(wide(row(bc_s, c)) - b)).astype(dtype)  # ≤ 0
+                mgpu.commit_smem()  # a warpgroup barrier: every thread has read s_s and ds_s
+                if c + 1 < nk:
+                    fetch(c + 1)
+            A = ops.matmul_nt_blocks([(xq_s.at[c], xk_s.at[c]) for c in range(nk)], (C, C))
+            a_s[...] = (scale * causal(A)).astype(dtype)
+            mgpu.commit_smem()
+            dv = ops.matmul_nt_blocks([(xs_s.at[c], dsb_s.at[c]) for c in range(nk)], (C, BV))
+            return dv + ops.matmul_tn(a_s, do_s, (C, BV)), SdS
+
+        def second_pass(dv, SdS, xl_s, yl_s, u_s, out_s):
+            sent = [0]
+
+            def send(ref, value):  # one result to HBM through the output buffers, in turn
+                buf = out_s.at[sent[0] % 2]
+                sent[0] += 1
+                mgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this buffer's previous store has read it
+                buf[...] = value
+                mgpu.commit_smem()
+                mgpu.copy_smem_to_gmem(buf, ref)
+
+            u_s[...] = _upper_ones(ops, C, dtype)
+            send(dv_ref.at[ib, ih, rows, cols], dv)
+            for c in range(nk):
+                keys = pl.ds(c * BK, BK)
+                b, b0, bC = ops.load(b_s.at[c], W), row(b0_s, c), row(bc_s, c)
+                yl_s[...] = _split(load(q_s, c) * jnp.exp(b - wide(b0)), dtype)[1]  # the remainders of Q̃_c, K̃_c
+                xl_s[...] = _split(load(k_s, c) * jnp.exp(wide(b0) - b), dtype)[1]
+                mgpu.commit_smem()
+                dq = scale * ops.matmul(do_s, hb_s.at[c], (C, BK)) * jnp.exp(b)
+                dq = dq + scale * ops.matmul(a_s, xk_s.at[c], (C, BK), lo=xl_s) * jnp.exp(b - wide(b0))
+                send(dq_ref.at[ib, ih, iv, rows, keys], dq)
+                x = load(q_s, c) * dq  # x = q ⊙ dq − k ⊙ dk takes dq's registers
+                dk = ops.matmul(v_s, dsb_s.at[c], (C, BK)) * jnp.exp(wide(bC) - b)
+                kappa = jnp.sum(load(k_s, c) * dk, axis=0)
+                dk = dk + scale * ops.matmul_tn(a_s, xq_s.at[c], (C, BK), lo=yl_s) * jnp.exp(wide(b0) - b)
+                send(dk_ref.at[ib, ih, iv, rows, keys], dk)
+                xl_s[...], yl_s[...] = _split(x - load(k_s, c) * dk, dtype)  # the remainders' wgmmas are done
+                mgpu.commit_smem()
+                dgamma = jnp.exp(bC) * SdS[c] + kappa  # the explicit gradient of the chunk's decay b_C
+                send(dg_ref.at[ib, ih, iv, rows, keys], ops.matmul(u_s, xl_s, (C, BK), lo=yl_s) + wide(dgamma))
+            mgpu.wait_smem_to_gmem(0)
+
+        def tile(rows_, dt):
+            return mgpu.SMEM((rows_, BK), dt, transforms=_transforms(dt, BK))
+
+        dv, SdS = pl.run_scoped(first_pass, tile(BV, f32), tile(BV, f32),
+                                mgpu.SMEM((nk, C, BK), dtype, transforms=_transforms(dtype, BK)))
+        a_s[...] = causal(ops.matmul_nt(do_s, v_s, (C, C))).astype(dtype)  # A has been read
+        mgpu.commit_smem()
+        pl.run_scoped(functools.partial(second_pass, dv, SdS), tile(C, dtype), tile(C, dtype),
+                      mgpu.SMEM((C, C), dtype, transforms=_transforms(dtype, C)),
+                      mgpu.SMEM((2, C, BK), f32, transforms=_transforms(f32, BK)))
+
+    sw = _transforms
+
+    def blocks(rows, dt):
+        return mgpu.SMEM((nk, rows, BK), dt, transforms=sw(dt, BK))
+
+    scratch = [
+        blocks(C, dtype),                                        # q
+        blocks(C, dtype),                                        # k
+        blocks(C, f32),                                          # b
+        mgpu.SMEM((nk, BK), f32),                                # b_0, the chunk's first row
+        mgpu.SMEM((nk, BK), f32),                                # b_C, its last
+        mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # v
+        mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # do
+        blocks(BV, dtype),                                       # Sᵀ (bf16 operand)
+        blocks(BV, dtype),                                       # dSᵀ (bf16 operand)
+        blocks(C, dtype),                                        # Q̃ = Q ⊙ e^{b − b_0}, bf16 part
+        blocks(C, dtype),                                        # K̃ = K ⊙ e^{b_0 − b}, bf16 part
+        mgpu.SMEM((C, C), dtype, transforms=sw(dtype, C)),       # scale A, then dA
+        mgpu.Barrier(num_arrivals=5 * nk + 2, num_barriers=1),
+        mgpu.Barrier(num_arrivals=2, num_barriers=nk),
     ]
     return kernel, scratch
 
@@ -1023,7 +1231,7 @@ def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False, exact=No
 
 MAX_K_FUSED = 64
 """Largest padded ``K`` of the fused kernels: they double-buffer four input tiles (``b`` in float32) beside
-the per-chunk work tiles, about 185 KiB of SMEM at ``K = 64`` and over 227 KiB at ``K = 128``."""
+the per-chunk work tiles, at most about 197 KiB of SMEM at ``K = 64`` and over 227 KiB at ``K = 128``."""
 
 
 def _fused_body(kind, dtype, scale, scalar, exact=True):
