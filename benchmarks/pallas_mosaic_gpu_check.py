@@ -186,7 +186,8 @@ def kernel_rows(T, K, rows, save):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--T", type=int, nargs="+", default=[4096, 8192, 16384], help="timing lengths")
-    parser.add_argument("--accuracy-T", type=int, nargs="+", default=[256, 2048])
+    parser.add_argument("--accuracy-T", type=int, nargs="*", default=[256, 2048],
+                        help="accuracy lengths (none: timing only)")
     parser.add_argument("--smoke", action="store_true", help="interpreter accuracy at T=80 only, no timing")
     parser.add_argument("--kernels", action="store_true",
                         help="instead: time each kernel of the non-fused path alone (both launchers, K=V=128 and 64, the first T)")
