@@ -1,22 +1,21 @@
 """Pallas launchers on Mosaic GPU (Hopper, sm_90): the chunk_gla kernels as warpgroup kernels.
 
 Status (read this first). Run on an H200 (jax 0.11.2, 2026-11-25;
-benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json): bf16 within 4.4e-3 of float64 for o, the final state
-and every gradient, and faster than the Triton-backend launcher kernel by kernel at B=8, H=16, T=4096 (at
-K=V=128 the output kernel 1.05 against 9.6 ms, the gradient kernel 13.2 against 25.8 ms; chunk_gla's forward
-2.3 against 10.8 ms, fwd+bwd 15.1 against 27.9 ms). The whole-chunk forms (below) took the output kernel
-from 4.7 to 1.05 ms and the gradient kernel from 26.6 to 13.2 ms at K=V=128 (at K=V=64: 0.56 to 0.38 and
-6.6 to 1.2 ms). It is the default of ``chunk_gla``, ``fused_chunk_gla`` and ``chunk_simple_gla`` on a
-Hopper GPU for the calls it takes (:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan`), and it was
-still slower than ``gla_ref.triton.chunk_gla`` at K=V=128 (0.95 and 4.1 ms in the speed run of 2026-11-24):
-its gradient kernel, not blocked over K then, held [C, K] float32 arrays in registers. Since those runs (not
-yet run on a GPU; interpreter and CUDA-lowering tests only): the gradient kernel's whole-chunk form is
-blocked over K as the output kernel's is (:func:`_whole_chunk_grad_kernel`), and the gradient kernels'
-matmul forms of the diagonal tiles take ``dq``'s and ``dk``'s intra-chunk operands in two bf16 parts each
-(:func:`_split`), which took the gate gradient from 3.0e-2 to 1.6e-3 of float64 at steep gates (1.6 nats a
-token; at the paper's, log σ(x)/16, 4.1e-3 to 1.7e-3). The CPU tests run it in the Mosaic GPU interpreter
-and lower it for CUDA. Every kernel of both paths is a Mosaic GPU kernel, with the layout and
-the chunk math of the other launchers:
+benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json): bf16 within 3.3e-3 of float64 for o, the final state
+and every gradient on every path, and faster than the Triton-backend launcher kernel by kernel at B=8, H=16,
+T=4096 (at K=V=128 the output kernel 1.13 against 9.19 ms, the gradient kernel 9.96 against 25.8 ms;
+chunk_gla's forward 2.29 against 11.0 ms, fwd+bwd 11.7 against 28.0 ms). The whole-chunk forms (below) took
+the output kernel from 4.7 to about 1.1 ms and, with the gradient kernel's blocking over K
+(:func:`_whole_chunk_grad_kernel`), the gradient kernel from 26.6 to 9.96 ms at K=V=128 (at K=V=64: 0.56 to
+0.32 and 6.6 to 1.2 ms). The gradient kernels' matmul forms of the diagonal tiles take ``dq``'s and ``dk``'s
+intra-chunk operands in two bf16 parts each (:func:`_split`), which took the gate gradient from 3.0e-2 to
+1.6e-3 of float64 at steep gates (1.6 nats a token) and cost the fused path at K=V=64 6.4 -> 9.0 ms
+(fwd+bwd). It is the default of ``chunk_gla``, ``fused_chunk_gla`` and ``chunk_simple_gla`` on a Hopper GPU
+for the calls it takes (:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan`), and it is still slower
+than ``gla_ref.triton.chunk_gla`` timed in the same runs: at K=V=128 2.0-2.2x its forward and 2.7-2.9x its
+forward+backward at T = 4K-16K; the gradient kernel, one warpgroup per chunk, is most of the gap. The CPU
+tests run it in the Mosaic GPU interpreter and lower it for CUDA. Every kernel of both paths is a Mosaic GPU
+kernel, with the layout and the chunk math of the other launchers:
 
 * :func:`state_fwd` (the states entering each chunk, ``h``, and the final state) and
   :func:`state_bwd` (the gradient of the state leaving each chunk, ``dso``, and ``dh0``): one
