@@ -194,6 +194,25 @@ def _transforms(dtype, width):
     return mgpu.TilingTransform((8, swizzle * 8 // bits)), mgpu.SwizzleTransform(swizzle)
 
 
+def _whole_chunk_dims(d, interpret):
+    """What both whole-chunk kernels start from: ``(ops, mgpu, WGMMA layout, C, K, BV, BK, nk)``, with the key
+    block ``BK`` = :data:`WHOLE_CHUNK_KEYS` and ``nk = K / BK`` blocks."""
+    ops = _Ops(interpret)
+    return ops, ops.mgpu, ops.mgpu.Layout.WGMMA, d.C, d.K, d.BV, WHOLE_CHUNK_KEYS, d.K // WHOLE_CHUNK_KEYS
+
+
+def _key_blocks(nk, rows, BK, dtype):
+    """SMEM of a ``[rows, K]`` tile as ``nk`` swizzled key blocks ``[rows, BK]`` (``BK = 64``), each a wgmma operand."""
+    return _compat.mosaic_gpu().SMEM((nk, rows, BK), dtype, transforms=_transforms(dtype, BK))
+
+
+def _whole_chunk_inputs(nk, C, BK, dtype):
+    """The first SMEM of both whole-chunk kernels: the chunk's q, k and b as key blocks, and b_0, its first row."""
+    f32 = jnp.float32
+    return [_key_blocks(nk, C, BK, dtype), _key_blocks(nk, C, BK, dtype), _key_blocks(nk, C, BK, f32),
+            _compat.mosaic_gpu().SMEM((nk, BK), f32)]
+
+
 def _interpret_params(interpret):
     """``True`` → the Mosaic GPU interpreter's parameters; ``False`` stays False; params pass through."""
     if interpret is True:
@@ -691,12 +710,7 @@ def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
     contraction over the key blocks), the causal mask in registers, ``A`` to SMEM as the input dtype, and
     one more accumulator ``Σ_c (Q_c ⊙ e^{b_c}) S_c + A V`` (``K / BK + 1`` wgmmas). HBM: as the sub-chunk
     forms (each tile read once), without their ``C/16`` reference rows."""
-    ops = _Ops(interpret)
-    mgpu = ops.mgpu
-    W = mgpu.Layout.WGMMA
-    C, K, BV = d.C, d.K, d.BV
-    BK = WHOLE_CHUNK_KEYS
-    nk = K // BK
+    ops, mgpu, W, C, K, BV, BK, nk = _whole_chunk_dims(d, interpret)
     f32 = jnp.float32
 
     def kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref, q_s, k_s, b_s, b0_s, h_s, v_s, xq_s, xk_s, xs_s, hb_s,
@@ -738,13 +752,10 @@ def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
     sw = _transforms
 
     def blocks(rows, dt):
-        return mgpu.SMEM((nk, rows, BK), dt, transforms=sw(dt, BK))
+        return _key_blocks(nk, rows, BK, dt)
 
     scratch = [
-        blocks(C, dtype),                                        # q
-        blocks(C, dtype),                                        # k
-        blocks(C, f32),                                          # b
-        mgpu.SMEM((nk, BK), f32),                                # b_0, the chunk's first row
+        *_whole_chunk_inputs(nk, C, BK, dtype),                  # q, k, b, b_0
         blocks(BV, f32),                                         # Sᵀ
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # v
         blocks(C, dtype),                                        # Q ⊙ e^{b − b_0}
@@ -991,12 +1002,7 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
     the scarce resource. SMEM, 212 KiB at ``K = 128``: 153 KiB for the whole kernel, then 48 KiB scoped to
     the first pass (a state block pair, ``K ⊙ e^{b_C − b}``) or 56 KiB to the second (remainders, ``U``, output
     buffers). HBM: each input tile and state read once, each result written once, as in the sub-chunk forms."""
-    ops = _Ops(interpret)
-    mgpu = ops.mgpu
-    W = mgpu.Layout.WGMMA
-    C, K, BV = d.C, d.K, d.BV
-    BK = WHOLE_CHUNK_KEYS
-    nk = K // BK
+    ops, mgpu, W, C, K, BV, BK, nk = _whole_chunk_dims(d, interpret)
     f32 = jnp.float32
     assert BV == BK, "dV leaves through the [C, BK] output buffers"
 
@@ -1100,13 +1106,10 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
     sw = _transforms
 
     def blocks(rows, dt):
-        return mgpu.SMEM((nk, rows, BK), dt, transforms=sw(dt, BK))
+        return _key_blocks(nk, rows, BK, dt)
 
     scratch = [
-        blocks(C, dtype),                                        # q
-        blocks(C, dtype),                                        # k
-        blocks(C, f32),                                          # b
-        mgpu.SMEM((nk, BK), f32),                                # b_0, the chunk's first row
+        *_whole_chunk_inputs(nk, C, BK, dtype),                  # q, k, b, b_0 (the chunk's first row)
         mgpu.SMEM((nk, BK), f32),                                # b_C, its last
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # v
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # do
