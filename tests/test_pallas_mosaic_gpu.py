@@ -374,7 +374,7 @@ def test_unsupported_paths_raise_before_any_kernel():
 @pytest.mark.parametrize("hopper", [True, False])
 def test_default_launcher_on_a_gpu(monkeypatch, hopper):
     """launcher=None on a GPU: Mosaic GPU on Hopper (compiled) where it takes the call (bf16, chunk 64,
-    K <= 128, fused K <= 64), the Triton backend otherwise and on other GPUs."""
+    K <= 128, fused K <= 64) and the gate is not a constant one, the Triton backend otherwise and on other GPUs."""
     from gla_ref.pallas import chunk as pchunk
     from gla_ref.pallas import gpu
 
@@ -390,6 +390,24 @@ def test_default_launcher_on_a_gpu(monkeypatch, hopper):
     for other in (plan(dtype=jnp.float32), plan(dtype=jnp.float16), plan(chunk=32), plan(K=256),
                   plan(fused=True, K=128)):
         assert other.launcher is gpu and other.interpret is False
+    constant = pchunk.make_plan(None, None, chunk=64, scale=None, K=128, fused=False, want_final=True, dtype=bf16,
+                                constant_gate=True)
+    assert constant.launcher is gpu  # g_gamma alone: the Triton backend was the faster on the H200
+
+
+def test_chunk_simple_gla_with_g_gamma_alone_defaults_to_the_triton_backend(monkeypatch):
+    """chunk_simple_gla asks make_plan for the constant gate's plan with g_gamma alone, not with a scalar g."""
+    from gla_ref.pallas import simple
+
+    asked = []
+    real = simple.make_plan
+    monkeypatch.setattr(simple, "make_plan", lambda *a, **kw: asked.append(kw["constant_gate"]) or real(*a, **kw))
+    j = _inputs()
+    g = j["g"][..., 0]
+    chunk_simple_gla(j["q"], j["k"], j["v"], g_gamma=g[0, 0], interpret=True)
+    chunk_simple_gla(j["q"], j["k"], j["v"], g, interpret=True)
+    chunk_simple_gla(j["q"], j["k"], j["v"], g, g_gamma=g[0, 0], interpret=True)
+    assert asked == [True, False, False]
 
 
 def test_unknown_launcher_lists_mosaic_gpu():

@@ -104,18 +104,20 @@ def check_values(**arrays):
             raise ValueError(f"{name} contains NaN or inf values")
 
 
-def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final, dtype=None) -> Plan:
+def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final, dtype=None,
+              constant_gate=False) -> Plan:
     """Pick the launcher and whether to interpret. ``launcher=None``: Mosaic on a TPU; on a Hopper GPU with a
     JAX that has Mosaic GPU, ``"mosaic_gpu"`` where it takes the call (bf16 ``dtype``, chunk 64, ``K ≤ 128``,
-    fused ``K ≤ 64``: on the H200 it was as fast as the Triton-backend launcher or faster in every case
-    measured, benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json); the Triton backend elsewhere.
+    fused ``K ≤ 64``: on the H200 it was faster than the Triton-backend launcher for GLA's gates,
+    benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json), except for a ``constant_gate`` (g_gamma alone),
+    where it took 1.3–1.7 times the Triton-backend launcher's time at T = 4K–16K; the Triton backend elsewhere.
     ``interpret=None``: interpret unless the launcher's own hardware is present (for ``"mosaic_gpu"`` a
     Hopper GPU and a JAX with Mosaic GPU)."""
     platform = device.jax_platform()
     if launcher is None:
         launcher = "tpu" if platform == "tpu" else "gpu"
-        if (launcher == "gpu" and dtype is not None and mosaic_gpu.supported(dtype, K, chunk, fused)
-                and _compat.mosaic_gpu_runs_here()):
+        if (launcher == "gpu" and dtype is not None and not constant_gate
+                and mosaic_gpu.supported(dtype, K, chunk, fused) and _compat.mosaic_gpu_runs_here()):
             launcher = "mosaic_gpu"
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be None, 'tpu', 'gpu' or 'mosaic_gpu', got {launcher!r}")
