@@ -110,7 +110,7 @@ def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final, dtype=
     JAX that has Mosaic GPU, ``"mosaic_gpu"`` where it takes the call (bf16 ``dtype``, chunk 64, ``K ≤ 128``,
     fused ``K ≤ 64``: on the H200 it was faster than the Triton-backend launcher for GLA's gates,
     benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json), except for a ``constant_gate`` (g_gamma alone),
-    where it took 1.3–1.7 times the Triton-backend launcher's time at T = 4K–16K; the Triton backend elsewhere.
+    where it took 1.2–1.7 times the Triton-backend launcher's time at T = 4K–16K; the Triton backend elsewhere.
     ``interpret=None``: interpret unless the launcher's own hardware is present (for ``"mosaic_gpu"`` a
     Hopper GPU and a JAX with Mosaic GPU)."""
     platform = device.jax_platform()
