@@ -24,6 +24,7 @@ _SCRIPT = textwrap.dedent('''
     import json, sys
     import gla_ref.device
     gla_ref.device.has_cuda = lambda: True  # compiled kernels (JITFunction), not the interpreter's
+    import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -38,12 +39,11 @@ _SCRIPT = textwrap.dedent('''
         fn = getattr(module, name)
         while not isinstance(fn, JITFunction):
             fn = fn.fn
-        BV = min(fused_chunk_fwd.block(V), fused_chunk_fwd.WHOLE_V) if whole == "V" else None
-        BK = min(fused_chunk_fwd.block(K), max(16, fused_chunk_fwd.STATE_ELEMENTS // BV)) if BV else fused_chunk_fwd.block(K)
-        BV = BV or min(fused_chunk_fwd.block(V), max(16, fused_chunk_fwd.STATE_ELEMENTS // BK))
-        const = dict(H=4, K=K, V=V, C=C, BK=BK, BV=BV, PREC="tf32", FPREC="tf32x3", USE_G=True, USE_H0=False,
-                     STORE_HT=False, USE_DHT=False, IS_VARLEN=False, h0=None, ht=None, dht=None, dh0=None,
-                     cu_seqlens=None)
+        q, v = (torch.empty(1, 1, 4, D, dtype=torch.bfloat16, device="meta") for D in (K, V))
+        _, meta = fused_chunk_fwd.launch_meta(q, v, C, whole)  # the tiles the launchers pick
+        meta.pop("T")
+        const = dict(meta, FPREC="tf32x3", USE_G=True, USE_H0=False, STORE_HT=False, USE_DHT=False,
+                     h0=None, ht=None, dht=None, dh0=None)
         sig = {}
         for arg in fn.arg_names:
             if arg in const:

@@ -459,11 +459,23 @@ def _split(x, dtype):
     return hi, (x - hi.astype(jnp.float32)).astype(dtype)
 
 
+def _score_iotas(ops, C):
+    """``(srow, scol)``: the query and the key of every element of a ``[C, C]`` score tile, in the WGMMA layout."""
+    W = ops.mgpu.Layout.WGMMA
+    return tuple(ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), a), W) for a in (0, 1))
+
+
+def _causal(ops, x):
+    """A ``[C, C]`` score tile ``x`` with 0 above the diagonal (keys after their query)."""
+    srow, scol = _score_iotas(ops, x.shape[0])
+    return jnp.where(srow >= scol, x, 0.0)
+
+
 def _upper_ones(ops, C, dtype):
     """``U [C, C]``, ones on and above the diagonal: ``U x`` sums ``x`` over the rows ``s ≥ t`` of a chunk."""
-    W = ops.mgpu.Layout.WGMMA
-    srow, scol = (ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), a), W) for a in (0, 1))
-    return jnp.where(scol >= srow, ops.cast(jnp.ones((C, C), jnp.float32), W), 0.0).astype(dtype)
+    srow, scol = _score_iotas(ops, C)
+    upper = scol >= srow
+    return jnp.where(upper, ops.cast(jnp.ones((C, C), jnp.float32), ops.mgpu.Layout.WGMMA), 0.0).astype(dtype)
 
 
 class _Chunk:
@@ -739,9 +751,7 @@ def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
             hb_s.at[c][...] = ops.load(h_s.at[c], W).astype(dtype)
         mgpu.commit_smem()
         A = ops.matmul_nt_blocks([(xq_s.at[c], xk_s.at[c]) for c in range(nk)], (C, C))
-        srow = ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), 0), W)
-        scol = ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), 1), W)
-        a_s[...] = jnp.where(srow >= scol, A, 0.0).astype(dtype)
+        a_s[...] = _causal(ops, A).astype(dtype)
         mgpu.commit_smem()
         o = scale * ops.matmul_nt_blocks([(xs_s.at[c], hb_s.at[c]) for c in range(nk)], (C, BV),
                                          more=((a_s, v_s),))
@@ -1019,10 +1029,6 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
                 mgpu.copy_gmem_to_smem(src, dst, ready.at[0])
         mgpu.copy_gmem_to_smem(v_ref.at[ib, ih, rows, cols], v_s, ready.at[0])
         mgpu.copy_gmem_to_smem(do_ref.at[ib, ih, rows, cols], do_s, ready.at[0])
-        def causal(x):  # x [C, C] with 0 above the diagonal (the iotas formed here, not held through the passes)
-            srow, scol = (ops.cast(lax.broadcasted_iota(jnp.int32, (C, C), a), W) for a in (0, 1))
-            return jnp.where(srow >= scol, x, 0.0)
-
         def row(r_s, c):  # b_0 or b_C of key block c, [BK]
             return ops.load(r_s.at[c], W.reduce(0))
 
@@ -1055,7 +1061,7 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
                 if c + 1 < nk:
                     fetch(c + 1)
             A = ops.matmul_nt_blocks([(xq_s.at[c], xk_s.at[c]) for c in range(nk)], (C, C))
-            a_s[...] = (scale * causal(A)).astype(dtype)
+            a_s[...] = (scale * _causal(ops, A)).astype(dtype)
             mgpu.commit_smem()
             dv = ops.matmul_nt_blocks([(xs_s.at[c], dsb_s.at[c]) for c in range(nk)], (C, BV))
             return dv + ops.matmul_tn(a_s, do_s, (C, BV)), SdS
@@ -1098,7 +1104,7 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
 
         dv, SdS = pl.run_scoped(first_pass, tile(BV, f32), tile(BV, f32),
                                 mgpu.SMEM((nk, C, BK), dtype, transforms=_transforms(dtype, BK)))
-        a_s[...] = causal(ops.matmul_nt(do_s, v_s, (C, C))).astype(dtype)  # A has been read
+        a_s[...] = _causal(ops, ops.matmul_nt(do_s, v_s, (C, C))).astype(dtype)  # A has been read
         mgpu.commit_smem()
         pl.run_scoped(functools.partial(second_pass, dv, SdS), tile(C, dtype), tile(C, dtype),
                       mgpu.SMEM((C, C), dtype, transforms=_transforms(dtype, C)),

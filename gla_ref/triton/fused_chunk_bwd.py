@@ -41,8 +41,9 @@ backward allocates dq, dk, dv, dg and dh0 and, for V ≤ 256, nothing else.
 The intra-chunk sums (dq's over j ≤ i, dk's over i ≥ j, and dv's P) have the forward's two forms,
 picked per program and chunk by :func:`~gla_ref.triton.fused_chunk_fwd.gentle_chunk` (for kernels 1
 and 2 on the gates of their own keys). The exact form runs one key j (dq) or one query i (dk, P) at a
-time, that token's rows taken from the chunk's tiles in registers, so every exponent is ≤ 0. Where the chunk decays by at most SAFE_DECAY (64 nats) from its start, the
-fast form splits every exponent there, one matmul each with float32 operands and the mask M first:
+time, that token's rows taken from the chunk's tiles in registers, so every exponent is ≤ 0. Where the
+chunk decays by at most SAFE_DECAY (64 nats) from its start, the fast form splits every exponent
+there, one matmul each with float32 operands and the mask M first:
 
     dQ = ((dP ⊙ M) (K ⊙ exp(−b))) ⊙ exp b,     dK = ((dP ⊙ M)ᵀ (Q ⊙ exp b)) ⊙ exp(−b)
 
