@@ -68,6 +68,8 @@ SCRIPTS = {
     "fused_rerun_speed_vs_fla": "speed_vs_fla.py --shapes 64x64 128x128 --out benchmarks/results/fused_rerun_speed_vs_fla_<device>.json"
                                 " (then --shapes 128x256, and 256x512, --only chunk_gla fused_chunk_gla fla.chunk_gla:"
                                 " one process each, rows merged)",
+    "gc_in_state_kernel": "speed_vs_fla.py --shapes 128x128 256x512 --T 1024 16384 --only chunk_gla"
+                          " (from the stored base_commit, and from it with the stored patch applied; rows merged)",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
 }
