@@ -3,7 +3,10 @@
 Run on a CUDA GPU: ``python benchmarks/profile_chunk.py [--T 4096] [--shape 128x128] [--forward] [--only chunk_gla]
 [--out PATH]``. Each implementation runs a few warm-up steps (autotuning happens there), then ``torch.profiler``
 records ``--steps`` forward+backward steps (forward steps alone with ``--forward``); the CUDA time of every kernel
-is summed over them and divided by the step count. Writes ``benchmarks/results/chunk_profile_<device>.json``
+is summed over them and divided by the step count, and the CUDA operations a step launches are counted. Then, outside the
+profiler, the same steps run back to back on the host's clock: the time to issue them and the time until the GPU
+has finished them (at a short T the two are equal and the host's launch path, not the kernels, sets the pace).
+Writes ``benchmarks/results/chunk_profile_<device>.json``
 (stamped with device, versions, date) and prints a table. B=8, H=16, bf16 inputs, as in the speed benchmark;
 K×V from ``--shape`` (default 128x128).
 """
@@ -14,6 +17,7 @@ import argparse
 import json
 import pathlib
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -42,9 +46,8 @@ def implementations(only=None):
     return {name: run for name, run in runs.items() if not only or name in only}
 
 
-def kernel_times(fn, inputs, steps, forward=False):
-    """Mean CUDA milliseconds per step of every kernel launched by ``steps`` forward+backward steps
-    (forward steps under ``torch.no_grad`` when ``forward``)."""
+def make_step(fn, inputs, forward=False):
+    """One forward+backward step of ``fn`` (a forward under ``torch.no_grad`` when ``forward``)."""
     do = torch.randn_like(inputs[2])
 
     def step():
@@ -56,6 +59,12 @@ def kernel_times(fn, inputs, steps, forward=False):
             x.grad = None
         fn(*inputs).backward(do)
 
+    return step
+
+
+def kernel_times(step, steps):
+    """Mean CUDA milliseconds per step of every kernel ``steps`` calls of ``step`` launch, and how many
+    CUDA operations (kernels, and any memset or copy) a step launches."""
     for _ in range(5):  # warm-up: compilation and autotuning stay outside the recording
         step()
     torch.cuda.synchronize()
@@ -63,11 +72,28 @@ def kernel_times(fn, inputs, steps, forward=False):
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    totals = {}
+    totals, launches = {}, 0
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name] = totals.get(event.name, 0.0) + event.device_time / 1e3 / steps
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+            launches += 1
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1])), launches / steps
+
+
+def host_times(step, steps, sync=torch.cuda.synchronize, clock=time.perf_counter):
+    """Milliseconds per step on the host's clock, outside the profiler: ``issue_ms``, the time to
+    launch ``steps`` steps back to back (read before the synchronisation), and ``wall_ms``, the time
+    until the GPU has finished them. With that queue the wall time is the slower of the two sides:
+    when it equals ``issue_ms`` the GPU waits for Python and Triton's launch path, not the reverse."""
+    step()
+    sync()
+    t0 = clock()
+    for _ in range(steps):
+        step()
+    t1 = clock()
+    sync()
+    t2 = clock()
+    return {"issue_ms": (t1 - t0) / steps * 1e3, "wall_ms": (t2 - t0) / steps * 1e3}
 
 
 def main():
@@ -91,10 +117,13 @@ def main():
     for T in args.T:
         inputs = make_inputs(B, T, H, K, V, "gla")
         for name, fn in implementations(args.only).items():
-            kernels = kernel_times(fn, inputs, args.steps, args.forward)
+            step = make_step(fn, inputs, args.forward)
+            kernels, launches = kernel_times(step, args.steps)
+            host = host_times(step, args.steps)
             rows.append({"T": T, "name": name, "step": step_kind, "total_ms": sum(kernels.values()),
-                         "kernels_ms": kernels})
-            print(f"\nT={T} {name}: {sum(kernels.values()):.3f} ms per {step_kind} step", flush=True)
+                         "kernels_ms": kernels, "launches": launches, "host": host})
+            print(f"\nT={T} {name}: {sum(kernels.values()):.3f} ms of kernels per {step_kind} step, {launches:g} "
+                  f"launches; host: issued in {host['issue_ms']:.3f} ms, done in {host['wall_ms']:.3f} ms", flush=True)
             for kname, ms in kernels.items():
                 print(f"  {ms:8.3f} ms  {kname[:100]}")
             result = {"env": env, "shape": {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16"}, "rows": rows}
