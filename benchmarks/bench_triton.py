@@ -112,7 +112,8 @@ def main():
             print(T, name, {k: v for k, v in res.items() if k in ("fwd", "fwd_bwd", "error")}, flush=True)
     ratios = ratio_table(rows)
     # the kernels' defaults: chunk states and A stored in the input dtype (bf16, 2 bytes an element)
-    result = {"env": env, "shape": {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16", "state_bytes": 2, "A_bytes": 2},
+    result = {"env": env, "shape": {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16", "state_bytes": 2, "A_bytes": 2,
+                                   "decayed_operands": True},
               "copy_bandwidth_GBps": copy_gbs, "rows": rows, "ratios": ratios}
     slug = bench.slug(env["device"])
     RESULTS.mkdir(exist_ok=True)

@@ -206,32 +206,48 @@ def _chunk_rows(s, b, p):
     return _band(p[1], s.C, s.T)
 
 
-def _cumsum(source, title, width, gate_dtype, gate_name):
+def _cumsum(source, title, width, gate_dtype, gate_name, decayed=False):
+    """Step 1: the gates' chunk-local cumsum; with ``decayed`` (GLA) also ``scale·Q ⊙ Λ`` and ``K ⊙ Γ``."""
     dblk = lambda s, b, p: _band(p[0], b["BD"], width(s, b))  # noqa: E731
+    operands = ((_tok("q", "read", width, _chunk_rows, dblk, arg="q"),
+                 _tok("k", "read", width, _chunk_rows, dblk, arg="k"),
+                 _tok("Q ⊙ Λ", "write", width, _chunk_rows, dblk, arg="qt"),
+                 _tok("K ⊙ Γ", "write", width, _chunk_rows, dblk, arg="kt")) if decayed else ())
     return KernelSpec(
         name="chunk_cumsum_kernel", source=source, title=title,
         grid=_chunk_grid("⌈D/BD⌉", lambda s, b: cdiv(width(s, b), b["BD"])),
         blocks=lambda s: {"BD": min(64, pow2(width(s, None), least=1)), "D": width(s, None)},
-        owns="one chunk's {C}×{BD} tile of gates",
+        owns="one chunk's {C}×{BD} tile of gates" + (" and of q, k" if decayed else ""),
         accesses=(_tok(gate_name, "read", width, _chunk_rows, dblk, gate_dtype, arg="g"),
-                  _tok("gc", "write", width, _chunk_rows, dblk, "f32", arg="gc")),
+                  _tok("gc", "write", width, _chunk_rows, dblk, "f32", arg="gc"), *operands),
         chunk=lambda s, b: s.C)
 
 
+def _last_gate_rows(kblk):
+    """gc's last real row of every chunk (log γ), the columns of the program's key block."""
+    def tiles(s, b, p):
+        return [(min(n * s.C + s.C, s.T) - 1, min(n * s.C + s.C, s.T), *kblk(s, b, p)) for n in range(b["N"])]
+    return Access("gc (last rows)", "read", lambda s, b: (s.T, s.K), tiles, "f32", arg="gc")
+
+
 def _state_fwd(source, title, gate_width):
+    """Step 2; per-key gates (``gate_width`` None) read K ⊙ Γ from step 1 and only log γ of each chunk."""
     kblk = lambda s, b, p: _band(p[0], b["BK"], s.K)  # noqa: E731
     vblk = lambda s, b, p: _band(p[1], b["BV"], s.V)  # noqa: E731
-    gcols = (lambda s, b, p: (0, 1)) if gate_width == 1 else kblk
+    if gate_width == 1:
+        keys = (_tok("k", "read", K_, _all_rows, kblk, arg="k"),
+                _tok("gc", "read", lambda s, b: 1, _all_rows, lambda s, b, p: (0, 1), "f32", arg="gc"))
+    else:
+        keys = (_tok("K ⊙ Γ", "read", K_, _all_rows, kblk, arg="k"), _last_gate_rows(kblk))
     return KernelSpec(
         name="chunk_state_fwd_kernel", source=source, title=title,
         grid=(Axis("⌈K/BK⌉", lambda s, b: cdiv(s.K, b["BK"])), Axis("⌈V/BV⌉", lambda s, b: cdiv(s.V, b["BV"])),
               Axis("B·H", lambda s, b: s.B * s.H, head=True)),
         blocks=lambda s: {"BK": STATE_FWD_BLOCKS[0], "BV": STATE_FWD_BLOCKS[1], "N": cdiv(s.T, s.C)},
         owns="a {BK}×{BV} block of one head's state, every chunk in turn",
-        accesses=(_tok("k", "read", K_, _all_rows, kblk, arg="k"),
+        accesses=(keys[0],
                   _tok("v", "read", V_, _all_rows, vblk, arg="v"),
-                  _tok("gc", "read", (K_ if gate_width != 1 else lambda s, b: 1), _all_rows, gcols, "f32",
-                       arg="gc"),
+                  keys[1],
                   _state("h0", "read", kblk, vblk, "initial_state", "h0"),
                   _chunk_states("h", "write", kblk, vblk,
                                 lambda s, b, p: range(b["N"]), "h"),
@@ -253,8 +269,8 @@ TRITON = {
         "gla_ref.triton.fused_chunk_fwd.fused_chunk_forward", "fused_chunk_gla (Alg. 5)",
         FUSED_STATE_ELEMENTS, "all K × {BV} columns of one head's state on chip; per chunk a C×C matrix P",
         "chunks in order", chunked=True),
-    "chunk_cumsum": _cumsum("gla_ref.triton.chunk_cumsum.chunk_local_cumsum", "chunk_gla step 1: cumulative gates",
-                            K_, "gate", "g"),
+    "chunk_cumsum": _cumsum("gla_ref.triton.chunk_cumsum.chunk_gates_and_operands",
+                            "chunk_gla step 1: cumulative gates, decayed q and k", K_, "gate", "g", decayed=True),
     "chunk_state_fwd": _state_fwd("gla_ref.triton.chunk_state.chunk_state_fwd", "chunk_gla step 2: chunk states", None),
     "chunk_intra": KernelSpec(
         name="chunk_intra_kernel", source="gla_ref.triton.chunk_intra.chunk_intra_attention",
@@ -273,8 +289,7 @@ TRITON = {
         grid=_chunk_grid("⌈V/BV⌉", lambda s, b: cdiv(s.V, b["BV"])),
         blocks=lambda s: {"BK": OUTPUT_BLOCKS[0], "BV": OUTPUT_BLOCKS[1]},
         owns="one chunk's {C}×{BV} tile of o",
-        accesses=(_tok("q", "read", K_, _chunk_rows, _all(K_), arg="q"),
-                  _tok("gc", "read", K_, _chunk_rows, _all(K_), "f32", arg="gc"),
+        accesses=(_tok("Q ⊙ Λ", "read", K_, _chunk_rows, _all(K_), arg="qt"),
                   _tok("A", "read", lambda s, b: s.C, _chunk_rows, lambda s, b, p: (0, s.C), arg="A"),
                   _chunk_states("h", "read", _all(K_),
                                 lambda s, b, p: _band(p[0], b["BV"], s.V), lambda s, b, p: [p[1]], "h"),

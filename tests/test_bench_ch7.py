@@ -173,16 +173,17 @@ def test_datasheet_peaks():
 def test_chunk_gla_stage_costs_by_hand():
     # B=H=1, T=C=32, c=16, K=V=16: one chunk of two sub-chunks; q, k, v, o have 512 elements each
     s = bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, c=16)
-    # g (4 bytes) read and gc (4 bytes) written
-    assert s["cumsum"] == {"tc_flops": 0, "fp32_flops": 0, "bytes": 512 * 8}
-    # KᵀV: 2·32·16·16 FLOPs; k, v in bf16 (2·512·2), gc (512·4), one 16×16 state in bf16 (512)
-    assert s["state"] == {"tc_flops": 16384, "fp32_flops": 0, "bytes": 2048 + 2048 + 512}
+    # g (4 bytes) and q, k (2 each) read; gc (4 bytes), Q ⊙ Λ and K ⊙ Γ (2 each) written
+    assert s["cumsum"] == {"tc_flops": 0, "fp32_flops": 0, "bytes": 512 * 16}
+    # KᵀV: 2·32·16·16 FLOPs; K ⊙ Γ, v in bf16 (2·512·2), the chunk's last gc row (16·4), one 16×16 state
+    # in bf16 (512)
+    assert s["state"] == {"tc_flops": 16384, "fp32_flops": 0, "bytes": 2048 + 64 + 512}
     # one off-diagonal 16×16 tile of QKᵀ (2·16·16·16) on tensor cores, two diagonal ones in float32;
     # q, k read (2048), gc (2048), A (32·32, bf16) written
     assert s["intra"] == {"tc_flops": 8192, "fp32_flops": 16384, "bytes": 2048 + 2048 + 2048}
-    # (Q ⊙ Λ) S: 2·32·16·16; A V over the three lower tiles: 3·2·16·16·16; q + gc (3072), the state,
+    # (Q ⊙ Λ) S: 2·32·16·16; A V over the three lower tiles: 3·2·16·16·16; Q ⊙ Λ (1024), the state,
     # A, v read and o written
-    assert s["output"] == {"tc_flops": 16384 + 24576, "fp32_flops": 0, "bytes": 3072 + 512 + 2048 + 2048}
+    assert s["output"] == {"tc_flops": 16384 + 24576, "fp32_flops": 0, "bytes": 1024 + 512 + 2048 + 2048}
     # states_in_fp32=True: the state written by one kernel and read by the other takes 1024 bytes
     s32 = bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, c=16, state_bytes=4)
     assert {k: s32[k]["bytes"] - s[k]["bytes"] for k in s} == {"cumsum": 0, "state": 512, "intra": 0, "output": 512}
@@ -242,9 +243,12 @@ def test_forward_cost_and_allocations_reject_unknown_names():
 def test_allocations_by_hand():
     # B=2, T=100, H=1, K=V=8, bf16: gc 2·100·8·4, ⌈100/64⌉ = 2 states of 8×8 per sequence in the
     # input dtype (bf16: 128 bytes; float32 with states_in_fp32: 256), A 2·100·64·2 (float32 in older
-    # builds: a_bytes=4), o 2·100·8·2
-    assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8) == {"gc": 6400, "states": 2 * 2 * 128,
+    # builds: a_bytes=4), o 2·100·8·2, and scale·Q ⊙ Λ from step 1 2·100·8·2 (none in builds before it)
+    assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8) == {"gc": 6400, "qt": 3200, "states": 2 * 2 * 128,
                                                                         "A": 25600, "o": 3200}
+    assert "qt" not in bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8, decayed=False)
+    with pytest.raises(ValueError, match="K ⊙ Γ outweighs"):  # K ⊙ Γ (512 bytes a token) > A + o (128 + 128)
+        bench.forward_allocations("chunk_gla", 2, 100, 1, 256, 64)
     assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8, a_bytes=4)["A"] == 51200
     assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8, state_bytes=4)["states"] == 2 * 2 * 256
     assert bench.forward_allocations("chunk_simple_gla", 2, 100, 1, 8, 8, act_bytes=4)["states"] == 2 * 2 * 256
@@ -262,10 +266,19 @@ def test_materialised_allocations_match_the_stored_gpu_peaks():
     for name in ("chunk_gla", "chunk_simple_gla"):
         for T, peak in zip(*bench.series(result, name, "fwd_peak_bytes")):
             allocs = bench.forward_allocations(name, sh["B"], T, sh["H"], sh["K"], sh["V"], state_bytes=state,
-                                               a_bytes=a)
+                                               a_bytes=a, decayed=sh.get("decayed_operands", False))
             assert peak == sum(allocs.values())
             checked += 1
     assert checked >= 4, f"{path.name} holds too few forward peaks"
+
+
+def test_allocations_match_the_peaks_measured_after_step_1_wrote_the_decayed_operands():
+    _, result = bench.latest_results("decayed_operands", ROOT / "benchmarks" / "results")
+    B, H = result["setting"]["B"], result["setting"]["H"]
+    rows = [r for r in result["rows"] if r["name"] == "chunk_gla"]
+    for r in rows:  # states and A in bf16, as the kernels store them by default
+        assert r["fwd_peak_bytes"] == sum(bench.forward_allocations("chunk_gla", B, r["T"], H, r["K"], r["V"]).values())
+    assert len(rows) == 8
 
 
 def test_roofline_by_hand():

@@ -141,11 +141,18 @@ def test_triton_specs_are_what_the_launchers_launch(family, shape, flags, monkey
 
 def test_triton_traffic_follows_the_docstrings():
     s = pk.Sizes(B=2, T=200, H=4, K=100, V=72, C=64, itemsize=2, gate_itemsize=4)
-    # chunk_output: q, Γ, A, the K × BV slice of S_n and the C × BV tile of V read; O written once
+    # chunk_output: Q ⊙ Λ (step 1's), A, the K × BV slice of S_n and the C × BV tile of V read; O written once
     b = pk.block_sizes("chunk_output", s)
     rows = {r["tensor"]: r["program"] for r in pk.traffic("chunk_output", s, program=(0, 0, 0))}
-    assert rows == {"q": 64 * 100 * 2, "gc": 64 * 100 * 4, "A": 64 * 64 * 2, "h": 100 * b["BV"] * 2,
+    assert rows == {"Q ⊙ Λ": 64 * 100 * 2, "A": 64 * 64 * 2, "h": 100 * b["BV"] * 2,
                     "v": 64 * b["BV"] * 2, "o": 64 * b["BV"] * 2}
+    # step 1 of chunk_gla: a C × BD tile of g, q and k read; gc (float32), Q ⊙ Λ and K ⊙ Γ written
+    rows = {r["tensor"]: r["program"] for r in pk.traffic("chunk_cumsum", s, program=(0, 0, 0))}
+    assert rows == {"g": 64 * 64 * 4, "q": 64 * 64 * 2, "k": 64 * 64 * 2, "gc": 64 * 64 * 4,
+                    "Q ⊙ Λ": 64 * 64 * 2, "K ⊙ Γ": 64 * 64 * 2}
+    # the state kernel reads K ⊙ Γ whole and only the last gc row of each of the 4 chunks (T = 200)
+    rows = {r["tensor"]: r["program"] for r in pk.traffic("chunk_state_fwd", s, program=(0, 0, 0))}
+    assert rows["K ⊙ Γ"] == 200 * 32 * 2 and rows["gc (last rows)"] == 4 * 32 * 4
     # fused_chunk: q, k, g read ⌈V/BV⌉ times, v once, o written once
     nv = pk.grid("fused_chunk_gla", s)[0]
     assert nv == 2

@@ -321,6 +321,7 @@ def test_bwd_dqk_intra_step(c):
 
 # ----------------------------------------------------------------------------- forward steps: A, states, output
 
+from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands  # noqa: E402
 from gla_ref.triton.chunk_intra import chunk_intra_attention  # noqa: E402
 from gla_ref.triton.chunk_output import chunk_output  # noqa: E402
 from gla_ref.triton.chunk_state import chunk_state_fwd  # noqa: E402
@@ -352,13 +353,33 @@ def test_fwd_intra_A_step(c):
     assert torch.count_nonzero(A.cpu()[above]) == 0
 
 
+@pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
+def test_fwd_decayed_operands_step(c):
+    """Step 1's extra outputs: qt = scale · Q ⊙ exp(gc) and kt = K ⊙ exp(gc_last − gc) per chunk (gc_last the
+    chunk's last real row), in q's dtype, and gc as chunk_local_cumsum gives it (to float32 rounding: on a GPU
+    the two compiled kernels may sum a chunk in different orders)."""
+    t, gc = _step_inputs(c)
+    gc2, qt, kt = chunk_gates_and_operands(t["q"], t["k"], t["g"], 0.7, c.C)
+    assert_close("gc", gc.double(), gc2, 1e-6)
+    assert qt.dtype == kt.dtype == c.dtype and qt.shape == kt.shape == t["q"].shape
+    q, k, g = (x.double().cpu() for x in (t["q"], t["k"], gc))
+    last = torch.cat([g[:, rows.stop - 1:rows.stop].expand(-1, rows.stop - rows.start, -1, -1)
+                      for rows in _chunk_rows(c.T, c.C)], dim=1)
+    assert_close("qt", 0.7 * q * g.exp(), qt, TOL[c.dtype])
+    assert_close("kt", k * (last - g).exp(), kt, TOL[c.dtype])
+
+
+@pytest.mark.parametrize("decayed", [False, True], ids=["k-and-gc", "decayed-k"])
 @pytest.mark.parametrize("states_in_fp32", [False, True], ids=["states-input-dtype", "states-fp32"])
 @pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
-def test_fwd_state_step(c, states_in_fp32):
+def test_fwd_state_step(c, states_in_fp32, decayed):
     """h[:, :, n] is the state entering chunk n and ht the final state, from the float64 token recurrence;
-    h in k's dtype unless ``states_in_fp32``, the final state always float32."""
+    h in k's dtype unless ``states_in_fp32``, the final state always float32. The kernel reads k and gc
+    (the backward's recomputation) or K ⊙ Γ from step 1 and only each chunk's last gc row (the forward)."""
     t, gc = _step_inputs(c)
-    h, ht = chunk_state_fwd(t["k"], t["v"], gc, t["initial_state"], True, c.C, states_in_fp32=states_in_fp32)
+    k_in = chunk_gates_and_operands(t["q"], t["k"], t["g"], 0.7, c.C)[2] if decayed else t["k"]
+    h, ht = chunk_state_fwd(k_in, t["v"], gc, t["initial_state"], True, c.C, states_in_fp32=states_in_fp32,
+                            decayed=decayed)
     N = -(-c.T // c.C)
     assert h.dtype == (F32 if states_in_fp32 else c.dtype) and ht.dtype == F32
     assert ht.shape == t["initial_state"].shape
@@ -382,7 +403,7 @@ def test_fwd_output_step(c):
     N, V = -(-c.T // c.C), c.K + 7
     h = torch.randn(c.B, c.H, N, c.K, V, generator=gen).to(DEV)
     A = torch.randn(c.B, c.T, c.H, c.C, generator=gen).to(DEV)
-    o = chunk_output(t["q"], t["v"], gc, h, A, 0.7, c.C)
+    o = chunk_output(chunk_gates_and_operands(t["q"], t["k"], t["g"], 0.7, c.C)[1], t["v"], h, A, c.C)
     assert o.dtype == c.dtype and o.shape == t["v"].shape
     q, v, g, h, A = (x.double().cpu() for x in (t["q"], t["v"], gc, h, A))
     ref = torch.zeros(o.shape, dtype=torch.float64)

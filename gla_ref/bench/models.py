@@ -154,10 +154,11 @@ def _state_dtype_bytes(act_bytes, state_bytes):
 def chunk_gla_stage_costs(B, T, H, K, V, C=64, c=16, act_bytes=2, gate_bytes=4, state_bytes=None,
                           a_bytes=None) -> dict:
     """Cost of each forward kernel of ``gla_ref.triton.chunk_gla`` (chapter 4), the FLOPs from
-    :func:`two_level_flop_split`: ``cumsum`` (g → gc, the float32 chunk-local cumulative log-gate
-    log Λ), ``state`` (the inter-chunk recurrence: k, v, gc → a float32 state per chunk), ``intra``
-    (q, k, gc → the ``C × C`` blocks A: sub-chunk pairs on tensor cores, diagonal tiles in
-    float32) and ``output`` (q, gc, states, A, v → o by ``(Q ⊙ Λ) S + A V``). The states take
+    :func:`two_level_flop_split`: ``cumsum`` (g, q, k → gc, the float32 chunk-local cumulative
+    log-gate log Λ, and the decayed operands ``scale·Q ⊙ Λ`` and ``K ⊙ Γ`` in the input dtype),
+    ``state`` (the inter-chunk recurrence: K ⊙ Γ, v and each chunk's last gc row → a state per
+    chunk), ``intra`` (q, k, gc → the ``C × C`` blocks A: sub-chunk pairs on tensor cores,
+    diagonal tiles in float32) and ``output`` (Q ⊙ Λ, states, A, v → o by ``(Q ⊙ Λ) S + A V``). The states take
     ``state_bytes`` an element: None means ``act_bytes`` (chunk_gla's default), 4 its
     ``states_in_fp32=True``; A takes ``a_bytes``: None means ``act_bytes`` (stored in the input
     dtype), 4 for builds that stored it in float32."""
@@ -168,11 +169,12 @@ def chunk_gla_stage_costs(B, T, H, K, V, C=64, c=16, act_bytes=2, gate_bytes=4, 
     f = {key: B * H * n for key, n in two_level_flop_split(T, C, c, K, V).items() if key != "half_fraction"}
     xk, xv = B * T * H * K, B * T * H * V  # elements of q, k or gc; of v or o
     states, A = _chunk_state_bytes(B, T, H, K, V, C, state_bytes), B * T * H * C * a_bytes
+    last_rows = B * H * -(-T // C) * K * 4  # γ: the last gc row of every chunk, float32
     return {
-        "cumsum": _cost(nbytes=xk * (gate_bytes + 4)),
-        "state": _cost(f["state"], 0, (xk + xv) * act_bytes + xk * 4 + states),
+        "cumsum": _cost(nbytes=xk * (gate_bytes + 4 + 4 * act_bytes)),
+        "state": _cost(f["state"], 0, (xk + xv) * act_bytes + last_rows + states),
         "intra": _cost(f["inter_sub_chunk"], f["intra_sub_chunk"], 2 * xk * act_bytes + xk * 4 + A),
-        "output": _cost(f["inter_chunk"] + f["pv"], 0, xk * (act_bytes + 4) + states + A + 2 * xv * act_bytes),
+        "output": _cost(f["inter_chunk"] + f["pv"], 0, xk * act_bytes + states + A + 2 * xv * act_bytes),
     }
 
 
@@ -233,22 +235,30 @@ def forward_cost(name, B, T, H, K, V, act_bytes=2, state_bytes=None, a_bytes=Non
     return models[name]()
 
 
-def forward_allocations(name, B, T, H, K, V, act_bytes=2, state_bytes=None, a_bytes=None) -> dict:
+def forward_allocations(name, B, T, H, K, V, act_bytes=2, state_bytes=None, a_bytes=None, decayed=True) -> dict:
     """Bytes of each tensor that one forward of a ``gla_ref.triton`` kernel allocates at its default
-    chunk size (64), no final state asked for. All are alive at once at its end, so their sum is the forward's peak memory above its
-    inputs: ``chunk_gla`` gc (the float32 chunk-local cumulative log-gate log Λ), the states of every
-    chunk, A and o; ``chunk_simple_gla`` the summed scalar gate, gc, the states and o;
-    ``fused_chunk_gla`` o alone. Keys name the tensors as the kernels do. The states take
-    ``state_bytes`` an element: None means ``act_bytes`` (the kernels' default, states in the input
-    dtype), 4 their ``states_in_fp32=True`` (and every build before that option existed); chunk_gla's
-    A takes ``a_bytes``: None means ``act_bytes`` (the input dtype), 4 for builds that stored it in
-    float32."""
+    chunk size (64), no final state asked for, and holds at its end; their sum is the forward's peak
+    memory above its inputs: ``chunk_gla`` gc (the float32 chunk-local cumulative log-gate log Λ),
+    ``qt`` (scale·Q ⊙ Λ from step 1, with ``decayed``), the states of every chunk, A and o;
+    ``chunk_simple_gla`` the summed scalar gate, gc, the states and o; ``fused_chunk_gla`` o alone.
+    Keys name the tensors as the kernels do. (chunk_gla's step 1 also writes K ⊙ Γ, freed once the
+    states are built, before A and o exist: it sets the peak instead of them only where K ⊙ Γ
+    outweighs A and o together, K·act_bytes > 64·a_bytes + V·act_bytes, which no shape with V ≥ K
+    does; that case raises a ValueError here.) The states take ``state_bytes`` an element: None means
+    ``act_bytes`` (the kernels' default, states in the input dtype), 4 their ``states_in_fp32=True``
+    (and every build before that option existed); chunk_gla's A takes ``a_bytes``: None means
+    ``act_bytes`` (the input dtype), 4 for builds that stored it in float32. ``decayed=False``: builds
+    before step 1 wrote the decayed operands (results stamped before 2026-11-26)."""
     state_bytes = _state_dtype_bytes(act_bytes, state_bytes)
     a_bytes = _state_dtype_bytes(act_bytes, a_bytes)
     _positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes, state_bytes=state_bytes, a_bytes=a_bytes)
     xk, xv, xg = B * T * H * K, B * T * H * V, B * T * H
+    if name == "chunk_gla" and decayed and K * act_bytes > 64 * a_bytes + V * act_bytes:
+        raise ValueError(f"K={K}, V={V}: K ⊙ Γ outweighs A and o, so the peak is reached before the forward's "
+                         "end; this model covers K * act_bytes <= 64 * a_bytes + V * act_bytes")
+    qt = {"qt": xk * act_bytes} if decayed else {}
     allocs = {
-        "chunk_gla": lambda: {"gc": xk * 4, "states": _chunk_state_bytes(B, T, H, K, V, 64, state_bytes),
+        "chunk_gla": lambda: {"gc": xk * 4, **qt, "states": _chunk_state_bytes(B, T, H, K, V, 64, state_bytes),
                               "A": B * T * H * 64 * a_bytes, "o": xv * act_bytes},
         "chunk_simple_gla": lambda: {"g": xg * 4, "gc": xg * 4,
                                      "states": _chunk_state_bytes(B, T, H, K, V, 64, state_bytes),

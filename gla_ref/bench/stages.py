@@ -27,7 +27,7 @@ def triton_chunk_stages(q, k, v, g, chunk_size=64) -> dict:
     :func:`chunk_gla_stage_costs`). ``output()`` is chunk_gla's o. Chunk sizes as chunk_gla accepts."""
     from gla_ref._validate import check_scale
     from gla_ref.triton._common import check_chunk_size, prepare
-    from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
+    from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands
     from gla_ref.triton.chunk_intra import chunk_intra_attention
     from gla_ref.triton.chunk_output import chunk_output
     from gla_ref.triton.chunk_state import chunk_state_fwd
@@ -36,10 +36,10 @@ def triton_chunk_stages(q, k, v, g, chunk_size=64) -> dict:
     check_chunk_size(chunk_size)
     C, scale = chunk_size, check_scale(None, dims.K)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
-    gc = chunk_local_cumsum(g, C)
-    h, _ = chunk_state_fwd(k, v, gc, None, False, C)
+    gc, qt, kt = chunk_gates_and_operands(q, k, g, scale, C)
+    h, _ = chunk_state_fwd(kt, v, gc, None, False, C, decayed=True)
     A = chunk_intra_attention(q, k, gc, scale, C)
-    return {"cumsum": lambda: chunk_local_cumsum(g, C),
-            "state": lambda: chunk_state_fwd(k, v, gc, None, False, C),
+    return {"cumsum": lambda: chunk_gates_and_operands(q, k, g, scale, C),
+            "state": lambda: chunk_state_fwd(kt, v, gc, None, False, C, decayed=True),
             "intra": lambda: chunk_intra_attention(q, k, gc, scale, C),
-            "output": lambda: chunk_output(q, v, gc, h, A, scale, C)}
+            "output": lambda: chunk_output(qt, v, h, A, C)}

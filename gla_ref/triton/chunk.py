@@ -8,18 +8,25 @@ index i is chunk [i+1] of the math, ``h[:, :, i]`` holds S_[i], the state *enter
 
 Forward, one kernel per step:
 
-1. gc = log Λ, the chunk-local cumsum of the log-gates, float32   (:mod:`chunk_cumsum`)
+1. gc = log Λ, the chunk-local cumsum of the log-gates, float32, and from it the two decayed
+   operands of steps 2 and 4 in the input dtype: K ⊙ Γ and scale·Q ⊙ Λ
+   (:mod:`chunk_cumsum`; freed when the forward ends)
 2. h: S_[i], the state entering each chunk (stored in the input dtype, or float32 with
-   ``states_in_fp32``), and the final state (float32)              (:mod:`chunk_state`)
+   ``states_in_fp32``), and the final state (float32), from K ⊙ Γ, V and log γ   (:mod:`chunk_state`)
 3. A, the intra-chunk matrix: sub-chunk pairs by tensor-core matmuls,
    diagonal sub-chunk tiles in float32 by running gate products;
    stored in the input dtype, which both readers round it to       (:mod:`chunk_intra`)
-4. O_[i+1] = scale·(Q ⊙ Λ) S_[i] + (A ⊙ M) V                        (:mod:`chunk_output`)
+4. O_[i+1] = (scale·Q ⊙ Λ) S_[i] + (A ⊙ M) V                        (:mod:`chunk_output`)
+
+Steps 2 and 4 take the decayed operands rather than q, k and gc: they round them to the input dtype
+for their matmuls anyway, so forming them once in step 1 changes no bit of their products and
+spares the sequential state kernel and every value block of the output kernel the float32 gc
+tile (benchmarks/results/decayed_operands_nvidia_h200.json).
 
 Backward, seven numbered steps (those of the FLA reading notes; chapters 4 and 6 use these numbers):
 
 1. gc = log Λ: not recomputed, the forward saves it (with A) for the backward.
-   Computed once by :func:`chunk_cumsum.chunk_local_cumsum`.
+   Computed once, by the forward's :func:`chunk_cumsum.chunk_gates_and_operands`.
 2. h = S_[0..N−1], the states entering the chunks, recomputed (forward step 2 again), in float32.
    :func:`chunk_state.chunk_state_fwd` (kernel ``chunk_state_fwd_kernel``).
 3. dh = dS_[1..N], the reverse recurrence dS_[i] = γ_{i+1} ⊙ dS_[i+1] + scale·(Q ⊙ Λ)ᵀ dO over
@@ -52,7 +59,7 @@ from torch.autograd.function import once_differentiable
 from gla_ref._validate import check_flag, check_scale
 from gla_ref.triton._common import check_chunk_size, prepare_packed
 from gla_ref.triton.chunk_backward import chunk_bwd_dqkg, chunk_bwd_dv
-from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
+from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands
 from gla_ref.triton.chunk_intra import chunk_intra_attention
 from gla_ref.triton.chunk_output import chunk_output
 from gla_ref.triton.chunk_state import chunk_state_bwd, chunk_state_fwd
@@ -64,10 +71,12 @@ class ChunkGLAFunction(torch.autograd.Function):
                 states_in_fp32=False):
         q, k, v, g = (x.contiguous() for x in (q, k, v, g))
         h0 = None if initial_state is None else initial_state.contiguous()
-        gc = chunk_local_cumsum(g, chunk_size, varlen)
-        h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32)
+        gc, qt, kt = chunk_gates_and_operands(q, k, g, scale, chunk_size, varlen)
+        h, ht = chunk_state_fwd(kt, v, gc, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32,
+                                decayed=True)
+        del kt                                   # before A is allocated: the forward's peak stays lower
         A = chunk_intra_attention(q, k, gc, scale, chunk_size, varlen)
-        o = chunk_output(q, v, gc, h, A, scale, chunk_size, varlen)
+        o = chunk_output(qt, v, h, A, chunk_size, varlen)
         ctx.save_for_backward(q, k, v, gc, h0, A)
         ctx.scale, ctx.chunk_size, ctx.g_dtype, ctx.varlen = scale, chunk_size, g.dtype, varlen
         return o, ht

@@ -21,7 +21,13 @@ right). With dS_[N] the cotangent of the final state (zero if none):
 and dv need); the recurrence ends at dS_[0] = dh0.
 
 Both exponents are ≤ 0: gc_last − gc (keys against the chunk end) and gc (queries against the chunk
-start). Grid ``(⌈K/BK⌉, ⌈V/BV⌉, B·H)``: a program owns one ``BK × BV`` block of one head's state and walks
+start). GLA's forward passes ``decayed=True`` with k replaced by K ⊙ Γ from step 1
+(:func:`~gla_ref.triton.chunk_cumsum.chunk_gates_and_operands`, already in k's dtype): the kernel then
+reads only the last gc row of each chunk (log γ) instead of the float32 gc tile, which weighs as much
+as its k and v tiles together when BK = BV: fewer bytes for the one loop that waits on its loads.
+The backward's recomputation reads k and gc.
+
+Grid ``(⌈K/BK⌉, ⌈V/BV⌉, B·H)``: a program owns one ``BK × BV`` block of one head's state and walks
 the chunks in order (the only sequential loop of chunk GLA). HBM: k, v (or q, dO) and gc read once;
 one ``BK × BV`` block written per chunk, in h's dtype (2 bytes an element for bf16/fp16 inputs,
 4 with ``states_in_fp32``). ``GATE_K`` picks the gate layout: per key
@@ -92,11 +98,11 @@ def _token_bases(bos, i_h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GA
     return base_k, base_v, base_g
 
 
-@autotune(_fwd_configs(), ["K", "V", "GATE_K", "IS_VARLEN"], BK="K", BV="V")
+@autotune(_fwd_configs(), ["K", "V", "GATE_K", "DECAYED", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
 def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
                            K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                           BV: tl.constexpr, GATE_K: tl.constexpr, USE_H0: tl.constexpr,
+                           BV: tl.constexpr, GATE_K: tl.constexpr, DECAYED: tl.constexpr, USE_H0: tl.constexpr,
                            STORE_HT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -116,11 +122,16 @@ def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, H:
         t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
         b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K)
         b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
-        b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
-        if GATE_K:
+        if DECAYED:    # k holds K ⊙ Γ already (per-key gates): only the chunk decay γ is read
+            g_last = tl.load(gc + base_g + t_last * (H * K) + o_k, mask=m_k, other=0.0)
+            b_h *= tl.exp(g_last)[:, None]
+            b_kt = b_k
+        elif GATE_K:
+            b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
             b_h *= tl.exp(g_last)[:, None]
             b_kt = b_k * tl.exp(g_last[None, :] - b_g)
         else:
+            b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
             b_h *= tl.exp(g_last)
             b_kt = b_k * tl.exp(g_last - b_g)[:, None]
         b_h += tl.dot(tl.trans(b_kt.to(b_v.dtype)), b_v, input_precision=PREC)
@@ -179,13 +190,14 @@ def _varlen_kwargs(varlen):
 
 
 def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_size: int, varlen=None, *,
-                    states_in_fp32: bool = False):
+                    states_in_fp32: bool = False, decayed: bool = False):
     """States entering each chunk ``h [B, H, NT, K, V]`` and the final state ``[N, H, K, V]`` (float32,
     or None). N = B, NT = ⌈T/C⌉; packed (``varlen``, B = 1): N sequences, NT chunks of them all.
 
     h is stored in k's dtype (half the bytes written here and read by the output kernel, for bf16 or
     fp16 inputs), or in float32 with ``states_in_fp32`` (what the backward recomputes: dq and dk
-    read h). The recurrence itself runs in float32 either way."""
+    read h). The recurrence itself runs in float32 either way. ``decayed``: k is K ⊙ Γ already (per-key
+    gc only), so only each chunk's last gc row is read."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT, N = num_chunks(T, chunk_size, varlen), num_sequences(B, varlen)
@@ -195,7 +207,7 @@ def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_siz
     grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), N * H)
     chunk_state_fwd_kernel[grid](
         k, v, gc, initial_state, h, ht, T=T, H=H, K=K, V=V,
-        C=chunk_size, GATE_K=gc.dim() == 4, USE_H0=initial_state is not None,
+        C=chunk_size, GATE_K=gc.dim() == 4, DECAYED=decayed, USE_H0=initial_state is not None,
         STORE_HT=output_final_state, PREC=_precision(k), **_varlen_kwargs(varlen))
     return h, ht
 
