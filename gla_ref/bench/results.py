@@ -70,6 +70,10 @@ SCRIPTS = {
                                 " one process each, rows merged)",
     "gc_in_state_kernel": "speed_vs_fla.py --shapes 128x128 256x512 --T 1024 16384 --only chunk_gla"
                           " (from the stored base_commit, and from it with the stored patch applied; rows merged)",
+    "decayed_operands": "speed_vs_fla.py --shapes 128x128 --only chunk_gla fla.chunk_gla (then --shapes 256x512"
+                        " --T 1024 4096 16384; rows merged), profile_chunk.py --T 1024 4096 16384 --only chunk_gla (and"
+                        " --shape 256x512 --forward --T 1024 16384: profile_rows); ab_rows from a one-off A/B of the forward"
+                        " against the stored base_commit (see the file's note)",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
 }
