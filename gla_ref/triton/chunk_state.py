@@ -28,7 +28,8 @@ as its k and v tiles together when BK = BV: fewer bytes for the one loop that wa
 The backward's recomputation reads k and gc.
 
 Grid ``(⌈K/BK⌉, ⌈V/BV⌉, B·H)``: a program owns one ``BK × BV`` block of one head's state and walks
-the chunks in order (the only sequential loop of chunk GLA). HBM: k, v (or q, dO) and gc read once;
+the chunks in order (the only sequential loop of chunk GLA). HBM: k, v (or q, dO) and gc read once
+(the forward's ``decayed``: K ⊙ Γ, v and one gc row per chunk);
 one ``BK × BV`` block written per chunk, in h's dtype (2 bytes an element for bf16/fp16 inputs,
 4 with ``states_in_fp32``). ``GATE_K`` picks the gate layout: per key
 ``[B, T, H, K]`` (GLA) or one scalar per token ``[B, T, H]`` (simple GLA).
