@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from gla_ref._validate import check_flag
-from gla_ref.triton._common import autotune, autotune_configs, num_chunks, num_sequences
+from gla_ref.triton._common import autotune, autotune_configs, cdiv, num_chunks, num_sequences
 from gla_ref.triton._tiles import load_rows, sequence_chunks, token_base, token_bases
 
 
@@ -67,16 +67,33 @@ def _fwd_configs():
 
 
 @triton.jit
+def _last_gate_row(gc, base_g, t_last, o_k, m_k, HK: tl.constexpr, H: tl.constexpr, GATE_K: tl.constexpr):
+    """The last gc row of a chunk, log γ (``[BK]`` per key, a scalar for scalar gates)."""
+    if GATE_K:
+        g_last = tl.load(gc + base_g + t_last * HK + o_k, mask=m_k, other=0.0)
+    else:
+        g_last = tl.load(gc + base_g + t_last * H)
+    return g_last
+
+
+@triton.jit
 def _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, HK: tl.constexpr, H: tl.constexpr,
                  GATE_K: tl.constexpr):
     """gc rows of one chunk and its last row log γ (rows past T repeat the last real row)."""
     if GATE_K:
         b_g = tl.load(gc + base_g + t_c[:, None] * HK + o_k[None, :], mask=m_k[None, :], other=0.0)
-        g_last = tl.load(gc + base_g + t_last * HK + o_k, mask=m_k, other=0.0)
     else:
         b_g = tl.load(gc + base_g + t_c * H)
-        g_last = tl.load(gc + base_g + t_last * H)
-    return b_g, g_last
+    return b_g, _last_gate_row(gc, base_g, t_last, o_k, m_k, HK, H, GATE_K)
+
+
+@triton.jit
+def _decay(b_h, g_last, GATE_K: tl.constexpr):
+    """A state block multiplied by the chunk decay γ = exp(log γ), along its key rows."""
+    gamma = tl.exp(g_last)
+    if GATE_K:
+        gamma = gamma[:, None]
+    return b_h * gamma
 
 
 @triton.jit
@@ -124,17 +141,15 @@ def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, H:
         b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K)
         b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
         if DECAYED:    # k holds K ⊙ Γ already (per-key gates): only the chunk decay γ is read
-            g_last = tl.load(gc + base_g + t_last * (H * K) + o_k, mask=m_k, other=0.0)
-            b_h *= tl.exp(g_last)[:, None]
+            g_last = _last_gate_row(gc, base_g, t_last, o_k, m_k, H * K, H, GATE_K)
             b_kt = b_k
-        elif GATE_K:
-            b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
-            b_h *= tl.exp(g_last)[:, None]
-            b_kt = b_k * tl.exp(g_last[None, :] - b_g)
         else:
             b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
-            b_h *= tl.exp(g_last)
-            b_kt = b_k * tl.exp(g_last - b_g)[:, None]
+            if GATE_K:
+                b_kt = b_k * tl.exp(g_last[None, :] - b_g)
+            else:
+                b_kt = b_k * tl.exp(g_last - b_g)[:, None]
+        b_h = _decay(b_h, g_last, GATE_K)
         b_h += tl.dot(tl.trans(b_kt.to(b_v.dtype)), b_v, input_precision=PREC)
     if STORE_HT:
         tl.store(ht + i_bh.to(tl.int64) * K * V + o_kv, b_h, mask=m_kv)
@@ -167,11 +182,10 @@ def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, cu_seqlens, chunk_offsets, s
         b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K)
         b_do = load_rows(do + base_v, t, m_t, o_v, m_v, H * V)
         b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
+        b_dh = _decay(b_dh, g_last, GATE_K)
         if GATE_K:
-            b_dh *= tl.exp(g_last)[:, None]
             b_qt = b_q * (tl.exp(b_g) * scale)
         else:
-            b_dh *= tl.exp(g_last)
             b_qt = b_q * (tl.exp(b_g) * scale)[:, None]
         b_dh += tl.dot(tl.trans(b_qt.to(b_do.dtype)), b_do, input_precision=PREC)
     if STORE_DH0:
@@ -205,7 +219,7 @@ def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_siz
     state_dtype = torch.float32 if check_flag("states_in_fp32", states_in_fp32) else k.dtype
     h = torch.empty(B, H, NT, K, V, dtype=state_dtype, device=k.device)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
-    grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), N * H)
+    grid = lambda meta: (cdiv(K, meta["BK"]), cdiv(V, meta["BV"]), N * H)
     chunk_state_fwd_kernel[grid](
         k, v, gc, initial_state, h, ht, T=T, H=H, K=K, V=V,
         C=chunk_size, GATE_K=gc.dim() == 4, DECAYED=decayed, USE_H0=initial_state is not None,
@@ -221,7 +235,7 @@ def chunk_state_bwd(q, gc, do, dht, scale: float, need_dh0: bool, chunk_size: in
     NT, N = num_chunks(T, chunk_size, varlen), num_sequences(B, varlen)
     dh = torch.empty(B, H, NT, K, V, dtype=torch.float32, device=q.device)
     dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
-    grid = lambda meta: (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), N * H)
+    grid = lambda meta: (cdiv(K, meta["BK"]), cdiv(V, meta["BV"]), N * H)
     chunk_state_bwd_kernel[grid](
         q, gc, do, dht, dh, dh0, scale=scale, T=T, H=H, K=K, V=V,
         C=chunk_size, GATE_K=gc.dim() == 4, USE_DHT=dht is not None, STORE_DH0=need_dh0,
