@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 from typing import NamedTuple
 
@@ -13,6 +14,7 @@ from gla_ref import device
 from gla_ref._validate import MAX_K, MAX_V  # noqa: F401 (the limits every kernel shares, named here too)
 from gla_ref._validate import Dims, check_chunk_sizes, check_gate_values, check_head_dims, check_inputs
 from gla_ref.triton import _ptxas
+from gla_ref.triton._launch import LAUNCH_OPTIONS, cache_launches
 
 try:
     from triton.runtime._async_compile import AsyncCompileMode
@@ -45,10 +47,16 @@ def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_seqlens=
     if device.triton_interpret():
         refuse_interpreted_bf16(tensors)
     if q.device.type == "cuda":
-        _ptxas.check(torch.cuda.get_device_capability(q.device))
+        _ptxas.check(capability(q.device.index))
     if device.is_debug():
         check_values(tensors)
     return dims
+
+
+@functools.lru_cache(maxsize=None)
+def capability(index: int) -> tuple[int, int]:
+    """Compute capability of CUDA device ``index``, asked once (torch's answer costs µs on every call)."""
+    return torch.cuda.get_device_capability(index)
 
 
 def refuse_interpreted_bf16(tensors: dict) -> None:
@@ -116,7 +124,7 @@ def varlen_args(varlen: Varlen | None) -> dict:
 def num_chunks(T: int, chunk_size: int, varlen: Varlen | None) -> int:
     """Chunks on the chunk axis of a grid: ``⌈T/C⌉`` a batch row, or every chunk of a packed batch."""
     if varlen is None:
-        return triton.cdiv(T, chunk_size)
+        return cdiv(T, chunk_size)
     assert varlen.C == chunk_size, "the chunk table was built for another chunk size"
     return varlen.NT
 
@@ -154,10 +162,6 @@ autotuner times them one by one (default: one per config, at most 8; ``1`` compi
 inside the autotuner, as Triton does on its own)."""
 
 
-LAUNCH_OPTIONS = ("grid", "warmup")
-"""What ``kernel[grid](...)`` adds to a kernel's own arguments on their way through the autotuner."""
-
-
 def precompile(kernel, configs: list, args: dict) -> None:
     """Compile ``kernel`` for every config in ``configs`` at once, on threads, through Triton's
     ``AsyncCompileMode`` (Triton ≥ 3.4): the autotuner then finds each binary in the kernel's cache and only
@@ -177,7 +181,8 @@ def autotune(configs: list, key: list, **blocks):
     """``triton.autotune`` over ``configs`` keyed by the argument names ``key``, pruning before timing:
     ``blocks`` maps a block size to the dimension it tiles (``BK="K"``), and configs whose block exceeds
     that dimension padded to a power of two (at least 32) are dropped — larger blocks only add masked
-    work. Under ``GLA_REF_SHOW_TUNING=1`` it prints which kernel is being tuned, for which key, over how
+    work. Launches after the first with the same arguments' kinds skip Triton's dispatch
+    (:mod:`gla_ref.triton._launch`). Under ``GLA_REF_SHOW_TUNING=1`` it prints which kernel is being tuned, for which key, over how
     many configs."""
     def prune(candidates, named_args, **kwargs):
         args = {**named_args, **kwargs}  # constexpr dims arrive as keywords in some Triton versions
@@ -193,7 +198,8 @@ def autotune(configs: list, key: list, **blocks):
     def decorate(kernel):
         prune.kernel = getattr(kernel, "__name__", "a kernel")
         prune.jit = kernel
-        return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
+        tuner = triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
+        return cache_launches(tuner)
 
     return decorate
 
@@ -203,9 +209,15 @@ def autotune_configs(configs: list) -> list:
     return configs[:1] if device.triton_interpret() else configs
 
 
+def cdiv(n: int, d: int) -> int:
+    """⌈n / d⌉ on the host. (``triton.cdiv`` is a constexpr function, made for kernels: on the host each call
+    costs a few µs of unwrapping, and a chunk GLA step makes a few dozen.)"""
+    return -(-n // d)
+
+
 def block(n: int, least: int = 16) -> int:
-    """Power-of-two block covering ``n`` (masks handle the rest), at least ``least``."""
-    return max(least, triton.next_power_of_2(n))
+    """Power-of-two block covering ``n`` ≥ 1 (masks handle the rest), at least ``least``."""
+    return max(least, 1 << (n - 1).bit_length())
 
 
 def check_chunk_size(chunk_size, sizes=(16, 32, 64)) -> int:

@@ -53,6 +53,7 @@ from gla_ref.triton._common import (
     autotune_configs,
     block,
     block_configs,
+    cdiv,
     num_chunks,
     varlen_args,
 )
@@ -167,7 +168,7 @@ def chunk_bwd_dv(k, gc, A, dh, do, chunk_size: int, varlen=None) -> torch.Tensor
     B, T, H, K = k.shape
     V = do.shape[-1]
     dv = torch.empty_like(do)
-    grid = lambda meta: (triton.cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
+    grid = lambda meta: (cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
     chunk_bwd_dv_kernel[grid](k, gc, A, dh, do, dv, T=T, H=H, K=K,
                               V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(k), **varlen_args(varlen))
     return dv
@@ -197,7 +198,7 @@ def chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale: floa
     V = v.shape[-1]
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=g_dtype, device=q.device)
-    grid = lambda meta: (triton.cdiv(K, meta["BK"]), num_chunks(T, chunk_size, varlen), B * H)
+    grid = lambda meta: (cdiv(K, meta["BK"]), num_chunks(T, chunk_size, varlen), B * H)
     chunk_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg, scale=scale, T=T,
                                 H=H, K=K, V=V, C=chunk_size,
                                 PREC=_precision(q), **varlen_args(varlen))

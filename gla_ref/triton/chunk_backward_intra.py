@@ -50,6 +50,7 @@ from gla_ref.triton._common import (
     autotune,
     autotune_configs,
     block,
+    cdiv,
     num_chunks,
     varlen_args,
 )
@@ -240,7 +241,7 @@ def chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size: int, varlen=None):
     BK = min(64, block(K))
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(dq)
-    grid = (triton.cdiv(K, BK), num_chunks(T, chunk_size, varlen), B * H)
+    grid = (cdiv(K, BK), num_chunks(T, chunk_size, varlen), B * H)
     chunk_bwd_intra_kernel[grid](q, k, gc, dA, dq, dk, T=T, H=H, K=K,
                                  C=chunk_size, c=c, BK=BK, PREC=_precision(q),
                                  FPREC=fast_grad_precision(q), **varlen_args(varlen))

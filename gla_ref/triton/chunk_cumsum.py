@@ -35,11 +35,13 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import block, num_chunks, varlen_args
+from gla_ref.triton._common import block, cdiv, num_chunks, varlen_args
 from gla_ref.triton._gates import valid_gate
+from gla_ref.triton._launch import cache_launches
 from gla_ref.triton._tiles import program_chunk, token_base
 
 
+@cache_launches
 @triton.jit
 def chunk_cumsum_kernel(g, gc, q, k, qt, kt, scale, cu_seqlens, chunk_indices, T, H: tl.constexpr, D: tl.constexpr,
                         C: tl.constexpr, BD: tl.constexpr, DECAY: tl.constexpr, IS_VARLEN: tl.constexpr):
@@ -89,6 +91,6 @@ def _launch(g, gc, q, k, qt, kt, scale, chunk_size, varlen):
     B, T, H = g.shape[:3]
     D = g.shape[3] if g.dim() == 4 else 1
     BD = min(64, block(D, least=1))
-    grid = (triton.cdiv(D, BD), num_chunks(T, chunk_size, varlen), B * H)
+    grid = (cdiv(D, BD), num_chunks(T, chunk_size, varlen), B * H)
     chunk_cumsum_kernel[grid](g, gc, q, k, qt, kt, scale, T=T, H=H, D=D, C=chunk_size, BD=BD, DECAY=q is not None,
                               **varlen_args(varlen))

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune, autotune_configs, num_chunks, varlen_args
+from gla_ref.triton._common import autotune, autotune_configs, cdiv, num_chunks, varlen_args
 from gla_ref.triton._tiles import (
     block_range,
     chunk_state_offset,
@@ -79,7 +79,7 @@ def chunk_output(qt, v, h, A, chunk_size: int, varlen=None) -> torch.Tensor:
     B, T, H, K = qt.shape
     V = v.shape[-1]
     o = torch.empty(B, T, H, V, dtype=qt.dtype, device=qt.device)
-    grid = lambda meta: (triton.cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
+    grid = lambda meta: (cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
     chunk_output_kernel[grid](qt, v, h, A, o, T=T, H=H, K=K, V=V, C=chunk_size, PREC=_precision(qt),
                               **varlen_args(varlen))
     return o

@@ -42,6 +42,7 @@ from gla_ref.triton._common import (
     autotune_configs,
     block,
     block_configs,
+    cdiv,
     check_chunk_size,
     check_values,
     num_chunks,
@@ -209,7 +210,7 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32)
         V = v.shape[-1]
         o = torch.empty_like(v, dtype=q.dtype)
-        grid = lambda meta: (triton.cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
+        grid = lambda meta: (cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
         simple_output_kernel[grid](q, k, v, gc, h, o, scale=scale, T=T, H=H,
                                    K=K, V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(q),
                                    **varlen_args(varlen))
@@ -232,7 +233,7 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         meta = {"T": T, "H": H, "K": K, "V": V, "C": C,
                 "PREC": _precision(q), **varlen_args(varlen)}
         dv = torch.empty_like(do, dtype=v.dtype)
-        grid = lambda m: (triton.cdiv(V, m["BV"]), num_chunks(T, C, varlen), B * H)
+        grid = lambda m: (cdiv(V, m["BV"]), num_chunks(T, C, varlen), B * H)
         simple_bwd_dv_kernel[grid](q, k, gc, dh, do, dv, scale=scale, BK=min(64, block(K)), **meta)
         g_dtype, gamma_dtype = ctx.gate_dtypes
         store_dg = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
@@ -242,11 +243,11 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
 
         def grid(m):  # called for every launch: the last one is the launch whose partials count
             launched["BK"] = m["BK"]
-            return triton.cdiv(K, m["BK"]), num_chunks(T, C, varlen), B * H
+            return cdiv(K, m["BK"]), num_chunks(T, C, varlen), B * H
 
         simple_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq, dk, dg, scale=scale, B=B,
                                      BV=min(64, block(V)), STORE_DG=store_dg, **meta)
-        dg = dg[: triton.cdiv(K, launched["BK"])].sum(0) if store_dg else None
+        dg = dg[: cdiv(K, launched["BK"])].sum(0) if store_dg else None
         dg_g = dg.to(g_dtype) if ctx.needs_input_grad[3] else None
         dg_gamma = dg.sum((0, 1)).to(gamma_dtype) if ctx.needs_input_grad[4] else None
         return dq, dk, dv, dg_g, dg_gamma, None, dh0, None, None, None, None
@@ -259,7 +260,7 @@ def dg_partials(B, T, H, K, device) -> torch.Tensor:
     function, called last for the launch that counts): while autotuning, Triton launches every
     config on the same buffer, and a smaller BK leaves rows that the chosen one never overwrites
     (on an H200 they made the bf16 dg wrong by 57 % at K = 100)."""
-    return torch.empty(triton.cdiv(K, 32), B, T, H, dtype=torch.float32, device=device)
+    return torch.empty(cdiv(K, 32), B, T, H, dtype=torch.float32, device=device)
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state=None,

@@ -59,6 +59,7 @@ import triton.language as tl
 
 from gla_ref.triton._common import autotune
 from gla_ref.triton._gates import fast_grad_precision
+from gla_ref.triton._launch import cache_launches
 from gla_ref.triton._tiles import sequence_tokens, token_bases
 from gla_ref.triton.fused_chunk_fwd import (
     causal,
@@ -149,6 +150,7 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T
         S = state_step(S, b_k, b_v, b, b_last, PREC)
 
 
+@cache_launches
 @triton.jit  # not autotuned: it overwrites its input dg, so an autotuner's rerun would read dg for q ⊙ dq
 def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part_stride, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune, autotune_configs, block, num_sequences
+from gla_ref.triton._common import autotune, autotune_configs, block, cdiv, num_sequences
 from gla_ref.triton._gates import at_most_zero, gentle, valid_gate
 from gla_ref.triton._tiles import sequence_tokens, token_bases
 from gla_ref.triton.chunk_state import _precision
@@ -82,11 +82,11 @@ def launch_meta(q, v, chunk_size, whole, varlen=None):
     if whole == "K":
         BK = block(K)
         BV = min(block(V), max(16, STATE_ELEMENTS // BK))
-        grid = (triton.cdiv(V, BV), num_sequences(B, varlen) * H)
+        grid = (cdiv(V, BV), num_sequences(B, varlen) * H)
     else:
         BV = min(block(V), WHOLE_V)
         BK = min(block(K), max(16, STATE_ELEMENTS // BV))
-        grid = (triton.cdiv(K, BK), num_sequences(B, varlen) * H, triton.cdiv(V, BV))
+        grid = (cdiv(K, BK), num_sequences(B, varlen) * H, cdiv(V, BV))
     meta = dict(T=T, H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
                 PREC=_precision(q),
                 cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)

@@ -36,6 +36,7 @@ from gla_ref.triton._common import (
     autotune,
     autotune_configs,
     block,
+    cdiv,
     num_sequences,
     prepare_packed,
     stateful_function,
@@ -184,7 +185,7 @@ def _grid_args(q, v, varlen):
     BK, BV = _blocks(K, V)
     meta = dict(T=T, H=H, K=K, V=V, BK=BK, BV=BV,
                 cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)
-    return (triton.cdiv(V, BV), num_sequences(B, varlen) * H), meta
+    return (cdiv(V, BV), num_sequences(B, varlen) * H), meta
 
 
 def _forward(q, k, v, g, h0, scale, output_final_state, reverse, varlen):
