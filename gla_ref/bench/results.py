@@ -74,6 +74,9 @@ SCRIPTS = {
                         " --T 1024 4096 16384; rows merged), profile_chunk.py --T 1024 4096 16384 --only chunk_gla (and"
                         " --shape 256x512 --forward --T 1024 16384: profile_rows); ab_rows from a one-off A/B of the forward"
                         " against the stored base_commit (see the file's note)",
+    "launch_cache": "speed_vs_fla.py --shapes 64x64 --only chunk_gla fused_chunk_gla fla.chunk_gla (then --shapes 128x128,"
+                    " and 128x256, --only chunk_gla fla.chunk_gla: one process each, rows merged), launch_overhead.py"
+                    " (ab_rows, launch_us); base_rows from the stored base_commit (see the file's note)",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
 }
