@@ -20,7 +20,8 @@ BENCH_MODES = ("fwd", "fwd+bwd")
 
 def _pallas_bench_inputs(B, T, H, K, V, dtype, gate):
     """Seeded q, k, v ~ N(0, 1) in ``dtype``, the output cotangent do, and the gates: log σ(N(0, 1))/16
-    ``[B, T, H, K]`` for GLA, or the ALiBi slopes of :mod:`gla_ref.gates` as ``g_gamma [H]``."""
+    ``[B, T, H, K]`` for GLA (``gate="gla"``), ``[B, T, H]`` for a scalar gate per token (``"scalar"``), or the
+    ALiBi slopes of :mod:`gla_ref.gates` as ``g_gamma [H]`` (``"const"``)."""
     import jax
     import jax.numpy as jnp
 
@@ -33,7 +34,7 @@ def _pallas_bench_inputs(B, T, H, K, V, dtype, gate):
     if gate == "const":
         g = jnp.asarray(gates.slopes_to_g_gamma(gates.build_slope_tensor(H)), jnp.float32)
     else:
-        g = jax.nn.log_sigmoid(jax.random.normal(keys[4], (B, T, H, K))) / 16
+        g = jax.nn.log_sigmoid(jax.random.normal(keys[4], (B, T, H) if gate == "scalar" else (B, T, H, K))) / 16
     return q, k, v, g, do
 
 
@@ -93,7 +94,8 @@ def _time_triton_on(name, mode, q, k, v, g, do, C, warmup, rep, stage) -> dict:
     dev = device.torch_device()
     tq, tk, tv, tg = (torch.from_dlpack(x).to(dev).requires_grad_() for x in (q, k, v, g))
     tdo = torch.from_dlpack(do).to(dev)
-    fn = {"triton chunk_gla": gla_triton.chunk_gla, "triton fused_chunk_gla": gla_triton.fused_chunk_gla}[name]
+    fn = {"triton chunk_gla": gla_triton.chunk_gla, "triton fused_chunk_gla": gla_triton.fused_chunk_gla,
+          "triton chunk_simple_gla g": gla_triton.chunk_simple_gla}[name]
 
     def fwd():
         with torch.no_grad():

@@ -3,6 +3,7 @@
     python benchmarks/pallas_mosaic_gpu_check.py                 # H100/H200: accuracy, then timing
     python benchmarks/pallas_mosaic_gpu_check.py --T 4096 8192   # timing lengths (default 4096 8192 16384)
     python benchmarks/pallas_mosaic_gpu_check.py --kernels --T 4096  # each kernel alone, both launchers
+    python benchmarks/pallas_mosaic_gpu_check.py --accuracy-T --cases NAME ...  # timing of some cases only
     python benchmarks/pallas_mosaic_gpu_check.py --smoke         # any machine: interpreter accuracy, no timing
 
 Accuracy: every Pallas path (:data:`VARIANTS`: ``chunk_gla``, ``fused_chunk_gla`` and
@@ -17,7 +18,8 @@ and the Mosaic GPU launcher's refusal (it takes bfloat16 only; its docstring say
 Timing (:data:`CASES`): B=8, H=16, bf16, chunk 64, forward and forward+backward of ``pallas chunk_gla``
 (K=V=128) on both launchers and of ``gla_ref.triton.chunk_gla`` (PyTorch, through DLPack); the fused
 path at K=V=64 (the Mosaic GPU fused kernels take K ≤ 64) beside ``chunk_gla`` and Triton's fused kernel
-there; ``chunk_simple_gla`` with g_gamma (K=V=128) on both launchers; with the compile time (XLA
+there; ``chunk_simple_gla`` with g_gamma and with a scalar g (K=V=128) on both launchers, and Triton's
+``chunk_simple_gla`` with that g; with the compile time (XLA
 ahead-of-time; Triton's first call) apart from the run times. A case that
 fails (e.g. out of memory, or a Mosaic GPU compile error on the first real run) is recorded with its
 error and the script goes on.
@@ -44,8 +46,11 @@ CASES = [
     ("pallas chunk_simple_gla g_gamma mosaic_gpu", 128), ("pallas chunk_simple_gla g_gamma gpu", 128),
     ("pallas fused_chunk_gla mosaic_gpu", 64), ("pallas fused_chunk_gla gpu", 64), ("triton fused_chunk_gla", 64),
     ("pallas chunk_gla mosaic_gpu", 64), ("pallas chunk_gla gpu", 64),
+    ("pallas chunk_simple_gla g mosaic_gpu", 128), ("pallas chunk_simple_gla g gpu", 128),
+    ("triton chunk_simple_gla g", 128),
 ]
-"""(name, K = V) of each timing case; the name's last word is the Pallas launcher."""
+"""(name, K = V) of each timing case; the name's last word is the Pallas launcher. ``g_gamma``: a constant
+decay per head; ``g``: a data-dependent scalar gate per token, ``[B, T, H]``."""
 ACCURACY = {"B": 2, "H": 2, "K": 64, "V": 64, "tau": 16.0}
 TIMING = {"B": 8, "H": 16, "chunk": 64, "dtype": "bfloat16", "warmup": 5, "rep": 50}
 
@@ -85,6 +90,13 @@ def accuracy_rows(Ts, smoke: bool):
     return rows
 
 
+def _gate(name: str) -> str:
+    """The gate a timing case takes (:func:`pallas_harness._pallas_bench_inputs`'s ``gate``)."""
+    if "g_gamma" in name:
+        return "const"
+    return "scalar" if "chunk_simple_gla g" in name else "gla"
+
+
 def _time_pallas(name, mode, T, K):
     import jax
     import jax.numpy as jnp
@@ -93,13 +105,15 @@ def _time_pallas(name, mode, T, K):
     from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla
 
     p, launcher = TIMING, name.split()[-1]
-    gamma = "g_gamma" in name
-    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "const" if gamma else "gla")
+    gate = _gate(name)
+    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], gate)
 
     def fn(q, k, v, g):
         kw = {"chunk_size": p["chunk"], "launcher": launcher, "interpret": False}
-        if gamma:
+        if gate == "const":
             return chunk_simple_gla(q, k, v, g_gamma=g, mode="chunk", **kw)[0]
+        if gate == "scalar":
+            return chunk_simple_gla(q, k, v, g, mode="chunk", **kw)[0]
         return (fused_chunk_gla if "fused" in name else chunk_gla)(q, k, v, g, **kw)[0]
 
     if mode == "fwd":
@@ -116,14 +130,17 @@ def _time_triton(name, mode, T, K):
     from pallas_harness import _pallas_bench_inputs, _time_triton_on
 
     p = TIMING
-    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
+    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], _gate(name))
     return _time_triton_on(name, mode, q, k, v, g, do, p["chunk"], p["warmup"], p["rep"], None)
 
 
-def timing_rows(Ts, rows, save):
-    """Appends one row per (T, case, mode) to ``rows``, calling ``save()`` after each."""
+def timing_rows(Ts, rows, save, cases=None):
+    """Appends one row per (T, case, mode) to ``rows``, calling ``save()`` after each; ``cases``: the case
+    names to time (default every one of :data:`CASES`)."""
     for T in Ts:
         for name, K in CASES:
+            if cases and name not in cases:
+                continue
             for mode in ("fwd", "fwd+bwd"):
                 row = {"T": T, "K": K, "V": K, "name": f"{name} {mode}"}
                 try:
@@ -191,6 +208,8 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="interpreter accuracy at T=80 only, no timing")
     parser.add_argument("--kernels", action="store_true",
                         help="instead: time each kernel of the non-fused path alone (both launchers, K=V=128 and 64, the first T)")
+    parser.add_argument("--cases", nargs="+", choices=sorted({name for name, _ in CASES}),
+                        help="time only these cases (default all)")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args(argv)
     import jax
@@ -219,7 +238,7 @@ def main(argv=None):
     else:
         result["accuracy"] = accuracy_rows(args.accuracy_T, smoke=False)
         save()
-        timing_rows(args.T, result["rows"], save)
+        timing_rows(args.T, result["rows"], save, args.cases)
     path = save()
     print("wrote", path)
     return path

@@ -390,24 +390,26 @@ def test_default_launcher_on_a_gpu(monkeypatch, hopper):
     for other in (plan(dtype=jnp.float32), plan(dtype=jnp.float16), plan(chunk=32), plan(K=256),
                   plan(fused=True, K=128)):
         assert other.launcher is gpu and other.interpret is False
-    constant = pchunk.make_plan(None, None, chunk=64, scale=None, K=128, fused=False, want_final=True, dtype=bf16,
-                                constant_gate=True)
-    assert constant.launcher is gpu  # g_gamma alone: the Triton backend was the faster on the H200
+    scalar = pchunk.make_plan(None, None, chunk=64, scale=None, K=128, fused=False, want_final=True, dtype=bf16,
+                              scalar_gate=True)
+    assert scalar.launcher is gpu  # chunk_simple_gla's gates: the Triton backend was the faster on the H200
 
 
-def test_chunk_simple_gla_with_g_gamma_alone_defaults_to_the_triton_backend(monkeypatch):
-    """chunk_simple_gla asks make_plan for the constant gate's plan with g_gamma alone, not with a scalar g."""
+def test_chunk_simple_gla_defaults_to_the_triton_backend_with_every_gate(monkeypatch):
+    """chunk_simple_gla asks make_plan for the scalar gates' plan with g_gamma, a scalar g, both, or neither
+    (on the H200 Mosaic GPU was the slower launcher with g_gamma and with g)."""
     from gla_ref.pallas import simple
 
     asked = []
     real = simple.make_plan
-    monkeypatch.setattr(simple, "make_plan", lambda *a, **kw: asked.append(kw["constant_gate"]) or real(*a, **kw))
+    monkeypatch.setattr(simple, "make_plan", lambda *a, **kw: asked.append(kw["scalar_gate"]) or real(*a, **kw))
     j = _inputs()
     g = j["g"][..., 0]
     chunk_simple_gla(j["q"], j["k"], j["v"], g_gamma=g[0, 0], interpret=True)
     chunk_simple_gla(j["q"], j["k"], j["v"], g, interpret=True)
     chunk_simple_gla(j["q"], j["k"], j["v"], g, g_gamma=g[0, 0], interpret=True)
-    assert asked == [True, False, False]
+    chunk_simple_gla(j["q"], j["k"], j["v"], interpret=True)
+    assert asked == [True, True, True, True]
 
 
 def test_unknown_launcher_lists_mosaic_gpu():
@@ -510,3 +512,22 @@ def test_benchmark_script_smoke(tmp_path):
         # operands): within half again the Triton-backend launcher's error, where bf16 rounding alone is 1e-4
         assert all(1e-4 < mosaic[n] <= 5e-3 and mosaic[n] <= 1.5 * triton[n] for n in mosaic), \
             (variant, mosaic, triton)
+
+
+def test_benchmark_script_gates_and_the_triton_scalar_case(monkeypatch):
+    """Each timing case of benchmarks/pallas_mosaic_gpu_check.py gets the gate its name says, and the
+    Triton reference of the scalar-gate cases runs on that [B, T, H] gate (here in float32, under the
+    interpreter, at a tiny shape; on the H200 in bf16 at B=8, H=16)."""
+    from bench_scripts import load_script
+
+    script = load_script("pallas_mosaic_gpu_check")
+    gates = {name: script._gate(name) for name, _ in script.CASES}
+    assert {n for n, gate in gates.items() if gate == "scalar"} == {
+        "pallas chunk_simple_gla g mosaic_gpu", "pallas chunk_simple_gla g gpu", "triton chunk_simple_gla g"}
+    assert {n for n, gate in gates.items() if gate == "const"} == {
+        "pallas chunk_simple_gla g_gamma mosaic_gpu", "pallas chunk_simple_gla g_gamma gpu"}
+    monkeypatch.setattr(script, "TIMING", {**script.TIMING, "B": 1, "H": 2, "chunk": 16, "dtype": "float32",
+                                           "warmup": 0, "rep": 1})
+    for mode in ("fwd", "fwd+bwd"):
+        row = script._time_triton("triton chunk_simple_gla g", mode, 32, 16)
+        assert row["median_ms"] > 0 and row["compile_ms"] > 0

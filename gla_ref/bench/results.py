@@ -79,6 +79,9 @@ SCRIPTS = {
                     " (ab_rows, launch_us); base_rows from the stored base_commit (see the file's note)",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
+    "mosaic_scalar_gate": "pallas_mosaic_gpu_check.py --accuracy-T --T 4096 16384 --cases 'pallas chunk_simple_gla g"
+                          " mosaic_gpu' 'pallas chunk_simple_gla g gpu' 'triton chunk_simple_gla g'"
+                          " --out benchmarks/results/mosaic_scalar_gate_<device>.json",
 }
 """The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
 

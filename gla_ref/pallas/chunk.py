@@ -105,18 +105,19 @@ def check_values(**arrays):
 
 
 def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final, dtype=None,
-              constant_gate=False) -> Plan:
+              scalar_gate=False) -> Plan:
     """Pick the launcher and whether to interpret. ``launcher=None``: Mosaic on a TPU; on a Hopper GPU with a
     JAX that has Mosaic GPU, ``"mosaic_gpu"`` where it takes the call (bf16 ``dtype``, chunk 64, ``K ≤ 128``,
     fused ``K ≤ 64``: on the H200 it was faster than the Triton-backend launcher for GLA's gates,
-    benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json), except for a ``constant_gate`` (g_gamma alone),
-    where it took 1.2–1.7 times the Triton-backend launcher's time at T = 4K–16K; the Triton backend elsewhere.
+    benchmarks/results/pallas_mosaic_gpu_nvidia_h200.json), except for a ``scalar_gate`` (chunk_simple_gla: g_gamma
+    or a scalar g), where it took 1.2–1.7 times the Triton-backend launcher's time at T = 4K–16K (g_gamma there,
+    g in benchmarks/results/mosaic_scalar_gate_nvidia_h200.json); the Triton backend elsewhere.
     ``interpret=None``: interpret unless the launcher's own hardware is present (for ``"mosaic_gpu"`` a
     Hopper GPU and a JAX with Mosaic GPU)."""
     platform = device.jax_platform()
     if launcher is None:
         launcher = "tpu" if platform == "tpu" else "gpu"
-        if (launcher == "gpu" and dtype is not None and not constant_gate
+        if (launcher == "gpu" and dtype is not None and not scalar_gate
                 and mosaic_gpu.supported(dtype, K, chunk, fused) and _compat.mosaic_gpu_runs_here()):
             launcher = "mosaic_gpu"
     if launcher not in LAUNCHERS:

@@ -11,8 +11,8 @@ the output kernel from 4.7 to about 1.1 ms and, with the gradient kernel's block
 intra-chunk operands in two bf16 parts each (:func:`_split`), which took the gate gradient from 3.0e-2 to
 1.6e-3 of float64 at steep gates (1.6 nats a token) and cost the fused path at K=V=64 6.4 -> 9.0 ms
 (fwd+bwd). It is the default of ``chunk_gla``, ``fused_chunk_gla`` and ``chunk_simple_gla`` on a Hopper GPU
-for the calls it takes (:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan`) but a constant gate alone
-(g_gamma: 1.2-1.7x slower than the Triton-backend launcher there), and it is still slower
+for the calls it takes (:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan`) but scalar gates
+(``chunk_simple_gla``, g_gamma or g: 1.2-1.7x slower than the Triton-backend launcher there), and it is still slower
 than ``gla_ref.triton.chunk_gla`` timed in the same runs: at K=V=128 2.0-2.2x its forward and 2.7-2.9x its
 forward+backward at T = 4K-16K; the gradient kernel, one warpgroup per chunk, is most of the gap. The CPU
 tests run it in the Mosaic GPU interpreter and lower it for CUDA. Every kernel of both paths is a Mosaic GPU
