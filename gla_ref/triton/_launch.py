@@ -17,6 +17,10 @@ compiling) and hands back the binary; later ones evaluate the grid with the conf
 the binary with the arguments in the kernel's order, as Triton's own JIT does after its lookup. A new
 sequence length is a new key: one pass through Triton's path, then the shortcut again.
 
+The shortcut leaves out what Triton's JIT checks on every call besides the lookup: its pre-run hooks and
+its check that the global variables a kernel read when it was compiled still hold the same values. The
+kernels of ``gla_ref.triton`` register no hooks and read only module constants.
+
 Nothing changes under Triton's CPU interpreter (there is no binary to keep), for a launch that only
 compiles (``warmup``), for a config with a ``pre_hook``, or with ``GLA_REF_LAUNCH_CACHE=0`` (every launch
 then takes Triton's path; the benchmarks compare the two). Checked on Triton 3.6 (H200): the GPU tests
