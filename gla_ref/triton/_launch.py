@@ -19,7 +19,9 @@ sequence length is a new key: one pass through Triton's path, then the shortcut 
 
 The shortcut leaves out what Triton's JIT checks on every call besides the lookup: its pre-run hooks and
 its check that the global variables a kernel read when it was compiled still hold the same values. The
-kernels of ``gla_ref.triton`` register no hooks and read only module constants.
+kernels of ``gla_ref.triton`` register no hooks and read only module constants. A kernel whose ``configs``
+are changed after it has launched keeps serving what it stored: clear its ``launches`` as well (the
+config sweep pins configs in fresh processes, before any launch).
 
 Nothing changes under Triton's CPU interpreter (there is no binary to keep), for a launch that only
 compiles (``warmup``), for a config with a ``pre_hook``, or with ``GLA_REF_LAUNCH_CACHE=0`` (every launch
