@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from gla_ref import bench, torch_ref
-from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla
+from gla_ref.triton import _launch, chunk_gla, chunk_simple_gla, fused_chunk_gla
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -113,7 +113,7 @@ def main():
     ratios = ratio_table(rows)
     # the kernels' defaults: chunk states and A stored in the input dtype (bf16, 2 bytes an element)
     result = {"env": env, "shape": {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16", "state_bytes": 2, "A_bytes": 2,
-                                   "decayed_operands": True},
+                                   "decayed_operands": True, "launch_shortcut": _launch.enabled()},
               "copy_bandwidth_GBps": copy_gbs, "rows": rows, "ratios": ratios}
     slug = bench.slug(env["device"])
     RESULTS.mkdir(exist_ok=True)

@@ -199,7 +199,9 @@ def main(argv=None):
 
     from gla_ref import device
 
-    setting = dict(SMOKE if args.smoke else FULL)
+    from gla_ref.triton import _launch
+
+    setting = dict(SMOKE if args.smoke else FULL, launch_shortcut=_launch.enabled())
     if args.T:
         setting["T"] = args.T
     shapes = args.shapes or ([(16, 24)] if args.smoke else [parse_shape(s) for s in SHAPES])

@@ -21,7 +21,7 @@ def test_smoke_rows_retunes_and_keep(tmp_path):
     assert all(r["fwd_bwd"]["median_ms"] > 0 and not any(k.endswith("error") for k in r) for r in result["rows"])
     assert all("first_fwd_bwd_s" in r for r in result["rows"] if r["T"] == script.SMOKE["T"][0])
     assert result["retunes"] == [{"K": 16, "V": 24, "retunes_after_first_T": 0}]  # 0 always here: see below
-    assert "fla" in result["env"]
+    assert "fla" in result["env"] and result["setting"]["launch_shortcut"] is True  # recorded, on by default
     kept = script.main(["--smoke", "--shapes", "32x16", "--T", "17", "--keep", str(first),
                         "--out", str(tmp_path / "b.json")])
     both = bench.load_results(kept)

@@ -48,6 +48,12 @@ LAUNCH_OPTIONS = ("grid", "warmup")
 """What ``kernel[grid](...)`` adds to a kernel's own arguments on their way to ``run``."""
 
 
+def enabled() -> bool:
+    """Whether a launch seen before may take the shortcut now (:data:`SWITCH` is not ``0``). The benchmarks
+    record it; under Triton's interpreter no kernel has the shortcut either way."""
+    return os.environ.get(SWITCH) != "0"
+
+
 def launch_key(args, kwargs) -> tuple:
     """What tells one compiled binary of a kernel from another (see the module docstring): the current
     device, then per argument, positional ones first and keywords by name, a tensor's dtype and address
@@ -64,7 +70,7 @@ def launch_key(args, kwargs) -> tuple:
 def cached_run(kernel, slow_run, args, kwargs):
     """``kernel.run`` (what ``kernel[grid](...)`` calls) with the shortcut: ``slow_run`` is Triton's own
     ``run``, taken for a launch whose :func:`launch_key` is new, or that the shortcut cannot reproduce."""
-    if kwargs.get("warmup") or os.environ.get(SWITCH) == "0":
+    if kwargs.get("warmup") or not enabled():
         return slow_run(*args, **kwargs)
     key = launch_key(args, kwargs)
     known = kernel.launches.get(key)
