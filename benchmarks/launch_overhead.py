@@ -48,6 +48,7 @@ def round_row(inputs, steps):
 
 def launch_row(inputs, n=2000):
     """Microseconds of host time per launch of ``chunk_output``: its wrapper, and the autotuned kernel alone."""
+    from gla_ref.triton._common import cdiv
     from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands
     from gla_ref.triton.chunk_intra import chunk_intra_attention
     from gla_ref.triton.chunk_output import chunk_output, chunk_output_kernel
@@ -62,7 +63,7 @@ def launch_row(inputs, n=2000):
     o = chunk_output(qt, v, h, A, 64)
     direct = dict(T=T, H=H, K=K, V=v.shape[-1], C=64, PREC="tf32", cu_seqlens=None, chunk_indices=None,
                   IS_VARLEN=False)
-    grid = lambda meta: (-(-v.shape[-1] // meta["BV"]), -(-T // 64), B * H)
+    grid = lambda meta: (cdiv(v.shape[-1], meta["BV"]), cdiv(T, 64), B * H)
     calls = {"wrapper": lambda: chunk_output(qt, v, h, A, 64),
              "kernel": lambda: chunk_output_kernel[grid](qt, v, h, A, o, **direct)}
     row = {}

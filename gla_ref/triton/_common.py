@@ -106,7 +106,7 @@ def prepare_packed(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_s
     N = len(host) - 1
     if chunk_size is None:
         return dims, Varlen(cu_seqlens, N, None, 0, None, None)
-    chunks = -(-(host[1:] - host[:-1]) // chunk_size)          # ⌈T_n / C⌉ chunks per sequence
+    chunks = cdiv(host[1:] - host[:-1], chunk_size)          # ⌈T_n / C⌉ chunks per sequence
     seq = torch.repeat_interleave(torch.arange(N), chunks)
     first = torch.cumsum(chunks, 0) - chunks
     table = torch.stack([seq, torch.arange(len(seq)) - first[seq]], 1).to(torch.int32)
@@ -187,7 +187,7 @@ def autotune(configs: list, key: list, **blocks):
     def prune(candidates, named_args, **kwargs):
         args = {**named_args, **kwargs}  # constexpr dims arrive as keywords in some Triton versions
         kept = [c for c in candidates
-                if all(c.kwargs[b] <= max(32, triton.next_power_of_2(args[d])) for b, d in blocks.items())]
+                if all(c.kwargs[b] <= block(args[d], least=32) for b, d in blocks.items())]
         kept = kept or candidates[:1]
         if os.environ.get(SHOW_TUNING) == "1" and len(kept) > 1:
             shape = ", ".join(f"{name}={args.get(name)}" for name in key)
