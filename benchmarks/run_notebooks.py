@@ -20,6 +20,7 @@ import argparse
 import datetime
 import json
 import pathlib
+import re
 import shutil
 import time
 
@@ -43,8 +44,8 @@ def execute(path: pathlib.Path, timeout_s: int = 600, allow_errors: bool = False
         client.execute()
         raised = None
     except Exception as err:  # a failing cell, a timeout, or a kernel that would not start: recorded, not raised
-        raised = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300] if str(err).strip() else ''}"
-    failed = [f"cell {i}: {o['ename']}: {o['evalue'][:300]}"
+        raised = describe_failure(nb, err)
+    failed = [f"cell {i}: {o['ename']}: {o['evalue'][:300]}{marked_line(chr(10).join(o.get('traceback', [])))}"
               for i, c in enumerate(nb.cells) for o in c.get("outputs", []) if o.get("output_type") == "error"]
     errors = failed or ([raised] if raised else [])
     status = {"ok": not errors, **({"errors": errors} if errors else {})}
@@ -73,6 +74,22 @@ def output_text(nb) -> str:
     """Everything a notebook printed or displayed as text."""
     return "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) + str(o.get("evalue", ""))
                    for o in _outputs(nb))
+
+
+def marked_line(traceback: str) -> str:
+    """`` at <line>`` for the last line IPython marks (``---->``) in a traceback (colour codes removed), else ''."""
+    marked = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", traceback).splitlines()
+              if line.lstrip().startswith("---->")]
+    return f" at {marked[-1][:200]}" if marked else ""
+
+
+def describe_failure(nb, err: Exception) -> str:
+    """The error that stopped a run when no cell holds it as an output: the last cell that started
+    (``cell N``), the error's last line (empty for a bare ``assert``) and the line IPython marked."""
+    started = [i for i, c in enumerate(nb.cells) if "iopub.execute_input" in c.get("metadata", {}).get("execution", {})]
+    lines = str(err).strip().splitlines()
+    where = f"cell {started[-1]}: " if started else ""
+    return f"{where}{type(err).__name__}: {lines[-1][:300] if lines else ''}{marked_line(str(err))}"
 
 
 def slowest_cells(nb, n: int = 3) -> dict:

@@ -57,3 +57,9 @@ def test_outside_runs_a_copy_and_counts_figures(tmp_path):
     assert run["setup_lines"] == ["torch 2.13", "CPU: here"] and run["figures"] == 1
     assert run["committed_figures"] == 0 and run["says_no_stored_result"]
     assert (tmp_path / "empty" / "nb.ipynb").is_file()
+
+
+def test_a_bare_assert_is_located_by_cell_and_line(tmp_path):
+    path = _notebook(tmp_path, "print('dev')", "x = 3", "y = x + 1\nassert y == 5\nprint(y)")
+    (error,) = rn.execute(path)["errors"]
+    assert error.startswith("cell 2: AssertionError") and "assert y == 5" in error, error
