@@ -44,9 +44,10 @@ from gla_ref.triton import _common, chunk_gla, chunk_simple_gla, fused_chunk_gla
 from gla_ref.triton import chunk as chunk_module
 from gla_ref.triton import chunk_simple as simple_module
 from gla_ref.triton import fused_chunk as fused_chunk_module
+from gla_ref.triton import fused_chunk_fwd
 from gla_ref.triton import fused_recurrent as fused_recurrent_module
 from gla_ref.triton import historical as historical_module
-from gla_ref.triton.fused_chunk_fwd import launch_meta
+from gla_ref.triton.fused_chunk_fwd import launch_meta, value_block
 from recurrence64 import recurrence64, recurrence64_grads
 from triton_cases import forbid_launch
 
@@ -168,6 +169,23 @@ def test_fused_chunk_slices_values_above_256():
     assert grid == (2, 1, 1) and meta["BV"] == 256
     grid, meta = launch_meta(q, v, 16, "K")  # the forward and dv kernels hold every key, split V
     assert grid == (3, 1) and (meta["BK"], meta["BV"]) == (64, 128)
+
+
+def test_fused_chunk_widens_whole_key_tiles_only_when_the_grid_fills_the_gpu():
+    """value_block(BK, V, heads, SMs): 16384 state elements when ⌈V/BV⌉ · heads programs still reach the SM
+    count, else 8192; never without an SM count (the interpreter)."""
+    assert value_block(128, 256, 128, 132) == 128      # 2 · 128 programs for 132 SMs: wide
+    assert value_block(128, 128, 128, 132) == 64       # wide would leave 128 programs for 132 SMs
+    assert value_block(128, 256, 128, None) == 64      # no SM count: narrow
+    assert (value_block(256, 512, 128, 132), value_block(256, 512, 1, 132)) == (64, 32)
+    assert value_block(64, 64, 128, 132) == 64         # V = 64 fits either way
+
+
+def test_fused_chunk_takes_the_wide_tile_at_chunk_size_16_only(monkeypatch):
+    monkeypatch.setattr(fused_chunk_fwd, "sm_count", lambda x: 1)  # any grid fills one SM
+    q, v = torch.empty(1, 4, 1, 256), torch.empty(1, 4, 1, 512)
+    assert [launch_meta(q, v, C, "K")[1]["BV"] for C in (16, 32, 64)] == [64, 32, 32]
+    assert launch_meta(q, v, 16, "V")[1]["BV"] == 256 and launch_meta(q, v, 16, "V")[1]["BK"] == 32  # dq, dk: one tile
 
 
 def test_fused_chunk_allocates_its_model_when_V_is_sliced():

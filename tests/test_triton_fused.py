@@ -20,7 +20,7 @@ from gla_ref.gates import SAFE_DECAY
 from gla_ref.testing import as_torch, random_inputs
 from gla_ref.torch_ref import chunk_gla, recurrent_gla
 from gla_ref.triton import fused_chunk as fused_chunk_module
-from gla_ref.triton import fused_chunk_gla, fused_recurrent_gla
+from gla_ref.triton import fused_chunk_fwd, fused_chunk_gla, fused_recurrent_gla
 from gla_ref.triton import fused_recurrent as fused_recurrent_module
 from triton_cases import (bad_inputs, check_outputs, compare_with_reference, float64_copies, forbid_launch, grads,
                           poisoned)
@@ -140,6 +140,22 @@ def test_against_float64_reference(c):
     r = float64_copies(t)
     ro, rht = _reference(r, c)
     compare_with_reference(c, t, r, names, (o, ht), (ro, rht), _case_id(c), DEV)
+
+
+# Cases whose programs holding every key (forward, dv) take the wide tile when the grid fills the GPU
+# (fused_chunk_fwd.value_block): 128 × 128 instead of 128 × 64 at K = 72, 256 × 64 instead of 256 × 32 at K = 256.
+WIDE = [Case("chunk", F16, 1, 20, 1, 72, 80), Case("chunk", F32, 2, 37, 1, 72, 80, h0=False),
+        Case("chunk", F16, 1, 9, 1, 256, 200), STRADDLE[-1]] + (
+    [Case("chunk", BF16, 2, 100, 2, 256, 200), Case("chunk", F32, 2, 100, 2, 256, 200)] if CUDA else [])
+
+
+@pytest.mark.parametrize("c", WIDE, ids=_case_id)
+def test_wide_state_tiles_against_float64_reference(c, monkeypatch):
+    monkeypatch.setattr(fused_chunk_fwd, "sm_count", lambda x: 1)  # one SM: any grid fills it, so the tile widens
+    q, v = torch.empty(c.B, c.T, c.H, c.K, device=DEV), torch.empty(c.B, c.T, c.H, c.V, device=DEV)
+    narrow = fused_chunk_fwd.value_block(fused_chunk_fwd.block(c.K), c.V, c.B * c.H, None)
+    assert fused_chunk_fwd.launch_meta(q, v, 16, "K")[1]["BV"] == 2 * narrow
+    test_against_float64_reference(c)
 
 
 @pytest.mark.parametrize("c", STRADDLE, ids=_case_id)

@@ -59,6 +59,17 @@ def capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def sm_count(x: torch.Tensor) -> int | None:
+    """Streaming multiprocessors of the CUDA device holding ``x`` (asked once per device); None off CUDA."""
+    return _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device()) \
+        if x.device.type == "cuda" else None
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def refuse_interpreted_bf16(tensors: dict) -> None:
     """Triton's CPU interpreter computes bfloat16 ``tl.dot`` wrongly (finite garbage, ~1e10): refuse bf16."""
     for name, x in tensors.items():

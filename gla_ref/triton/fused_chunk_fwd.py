@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gla_ref.triton._common import autotune, autotune_configs, block, cdiv, num_sequences
+from gla_ref.triton._common import autotune, autotune_configs, block, cdiv, num_sequences, sm_count
 from gla_ref.triton._gates import at_most_zero, gentle, valid_gate
 from gla_ref.triton._tiles import sequence_tokens, token_bases
 from gla_ref.triton.chunk_state import _precision
@@ -52,7 +52,25 @@ STATE_ELEMENTS = 8192
 
 A program keeps one dimension of the state whole (≤ 256 padded) and splits the other into blocks
 of ``STATE_ELEMENTS // whole`` (at least 16, for tl.dot): K = V = 128 gives 128 × 64 tiles, and
-K = 256 gives 256 × 32. V above :data:`WHOLE_V` is first cut into slices (see :func:`launch_meta`)."""
+K = 256 gives 256 × 32. V above :data:`WHOLE_V` is first cut into slices (see :func:`launch_meta`).
+The programs that hold every key may take :data:`WIDE_STATE_ELEMENTS` instead (:func:`value_block`)."""
+
+WIDE_STATE_ELEMENTS = 16384
+"""Float32 state elements a program that holds every key (the forward, dv) takes instead of
+:data:`STATE_ELEMENTS` when the grid still gives every streaming multiprocessor a program with them
+(:func:`value_block`): twice the value columns, so half as many programs rebuild each chunk's gates
+and P and re-read its q, k and g. On the H200 (benchmarks/results/fused_tiles_nvidia_h200.json;
+B = 8, H = 16, bf16, results bit-identical) it takes a fifth off the forward and a tenth off the
+forward + backward at 128 × 256, a quarter and a sixth at 256 × 512. At 128 × 128 that batch would
+keep 128 programs for 132 SMs; there a one-off trial on an H100 was slower with it (forward 1.54 →
+2.03 ms at T = 4096), so it is not taken. In the same trial the dq and dk programs (every value)
+were slower with it too (dk 4.3 → 6.4 ms at 128 × 256): they keep :data:`STATE_ELEMENTS`. Taken only
+at :data:`WIDE_CHUNK_SIZE`, where it was measured."""
+
+WIDE_CHUNK_SIZE = 16
+"""The chunk size (the default) at which :data:`WIDE_STATE_ELEMENTS` is taken. At C = 64 and K = 256 the
+dv kernel's wide tile needs 232 KiB of shared memory in its leanest config, over a Hopper block's 227
+(tests/test_triton_shared_memory.py)."""
 
 WHOLE_V = 256
 """Most values a program of the dq/dk kernels holds. K ≤ 256 is always held whole; a larger V is
@@ -74,14 +92,14 @@ def configs():
 
 def launch_meta(q, v, chunk_size, whole, varlen=None):
     """Grid and shape arguments for programs that hold the ``whole`` dimension ("K" or "V") of the
-    state and split the other: grid ``(⌈V/BV⌉, N·H)`` for "K" (K ≤ 256 is always whole), ``(⌈K/BK⌉,
-    N·H, ⌈V/BV⌉)`` for "V", the third axis over the slices of :data:`WHOLE_V` values (one slice when
-    V ≤ 256). N = B or the packed sequences."""
+    state and split the other: grid ``(⌈V/BV⌉, N·H)`` for "K" (K ≤ 256 is always whole; BV from
+    :func:`value_block`), ``(⌈K/BK⌉, N·H, ⌈V/BV⌉)`` for "V", the third axis over the slices of
+    :data:`WHOLE_V` values (one slice when V ≤ 256). N = B or the packed sequences."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     if whole == "K":
         BK = block(K)
-        BV = min(block(V), max(16, STATE_ELEMENTS // BK))
+        BV = value_block(BK, V, num_sequences(B, varlen) * H, sm_count(q) if chunk_size == WIDE_CHUNK_SIZE else None)
         grid = (cdiv(V, BV), num_sequences(B, varlen) * H)
     else:
         BV = min(block(V), WHOLE_V)
@@ -91,6 +109,15 @@ def launch_meta(q, v, chunk_size, whole, varlen=None):
                 PREC=_precision(q),
                 cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)
     return grid, meta
+
+
+def value_block(BK: int, V: int, heads: int, sms: int | None) -> int:
+    """Value columns of a program holding all ``BK`` keys: :data:`WIDE_STATE_ELEMENTS` worth when the
+    ``⌈V/BV⌉ · heads`` programs that leaves are at least ``sms`` (the device's streaming
+    multiprocessors; None, off CUDA or at a chunk size other than :data:`WIDE_CHUNK_SIZE`, never), else
+    :data:`STATE_ELEMENTS` worth; at least 16."""
+    narrow, wide = (min(block(V), max(16, n // BK)) for n in (STATE_ELEMENTS, WIDE_STATE_ELEMENTS))
+    return wide if sms is not None and cdiv(V, wide) * heads >= sms else narrow
 
 
 # ----------------------------------------------------------------------------- on-chip helpers
