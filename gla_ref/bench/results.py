@@ -77,6 +77,7 @@ SCRIPTS = {
     "launch_cache": "speed_vs_fla.py --shapes 64x64 --only chunk_gla fused_chunk_gla fla.chunk_gla (then --shapes 128x128,"
                     " and 128x256, --only chunk_gla fla.chunk_gla: one process each, rows merged), launch_overhead.py"
                     " (ab_rows, launch_us); base_rows from the stored base_commit (see the file's note)",
+    "fused_tiles": "fused_tiles.py --fla (one process per shape, rows merged with --keep)",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
     "mosaic_scalar_gate": "pallas_mosaic_gpu_check.py --accuracy-T --T 4096 16384 --cases 'pallas chunk_simple_gla g"
