@@ -27,13 +27,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from speed_vs_fla import candidates, make_inputs, measure, parse_shape  # noqa: E402
+from profile_chunk import kernel_times  # noqa: E402
+from speed_vs_fla import candidates, make_inputs, measure, parse_shape, ratios  # noqa: E402
 
 from gla_ref import bench  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 B, H = 8, 16
 TILINGS = ("narrow", "picked")
+PAIRS = (("fused_chunk_gla picked", "fused_chunk_gla narrow"), ("fused_chunk_gla picked", "fla.chunk_gla"),
+         ("fused_chunk_gla narrow", "fla.chunk_gla"))
 
 
 @contextlib.contextmanager
@@ -56,21 +59,6 @@ def tiles(q, v) -> dict:
 
     grid, meta = launch_meta(q, v, 16, "K")
     return {"BK": meta["BK"], "BV": meta["BV"], "programs": grid[0] * grid[1]}
-
-
-def kernel_ms(step, steps: int = 3) -> dict:
-    """Each CUDA kernel's milliseconds per call of ``step`` (torch.profiler), largest first."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    ms = {e.key: e.device_time_total / 1e3 / steps for e in prof.key_averages() if e.device_time_total > 0}
-    return dict(sorted(ms.items(), key=lambda kv: -kv[1]))
 
 
 def outputs(inputs, do):
@@ -106,7 +94,7 @@ def run_shape(K, V, Ts, with_fla: bool, done_T=lambda rows: None) -> list[dict]:
                     fused_chunk_gla(*inputs)[0].backward(do)
                     for x in inputs:
                         x.grad = None
-                row["kernels_ms"] = kernel_ms(step)
+                row["kernels_ms"] = kernel_times(step, 3)[0]
                 got = outputs(inputs, do)
             ref = ref or got
             row["max_rel_diff_vs_narrow"] = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, ref))
@@ -118,22 +106,6 @@ def run_shape(K, V, Ts, with_fla: bool, done_T=lambda rows: None) -> list[dict]:
         torch.cuda.empty_cache()
         done_T(rows)
     return rows
-
-
-def ratios(rows) -> list[dict]:
-    """Per (K, V, T): picked over narrow, and each tiling over FLA's chunk_gla (time; < 1 is faster)."""
-    by = {(r["K"], r["V"], r["T"], r["name"]): r for r in rows}
-    out = []
-    for K, V, T in sorted({(r["K"], r["V"], r["T"]) for r in rows}):
-        row = {"K": K, "V": V, "T": T}
-        for a, b in (("picked", "narrow"), ("picked", "fla"), ("narrow", "fla")):
-            num = by.get((K, V, T, f"fused_chunk_gla {a}"), {})
-            den = by.get((K, V, T, "fla.chunk_gla" if b == "fla" else f"fused_chunk_gla {b}"), {})
-            for key in ("fwd", "fwd_bwd"):
-                if key in num and key in den:
-                    row[f"{a}/{b} {key}"] = num[key]["median_ms"] / den[key]["median_ms"]
-        out.append(row)
-    return out
 
 
 def main(argv=None):
@@ -154,7 +126,7 @@ def main(argv=None):
     def write(all_rows):  # after every T: a run cut short keeps the lengths it finished
         result = {"env": env, "setting": {"B": B, "H": H, "dtype": "bfloat16", "T": args.T},
                   "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-                  "rows": all_rows, "ratios": ratios(all_rows), "wall_s": time.perf_counter() - t0}
+                  "rows": all_rows, "ratios": ratios(all_rows, PAIRS), "wall_s": time.perf_counter() - t0}
         return result, bench.write_result(result, "fused_tiles", RESULTS, args.out)
 
     for K, V in args.shapes:

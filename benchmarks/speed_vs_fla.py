@@ -141,14 +141,18 @@ def measure(run, inputs, on_gpu, first: bool) -> dict:
     return out
 
 
-def ratios(rows) -> list[dict]:
-    """Per (K, V, T): ours over FLA's (time and peak; < 1 means faster or smaller)."""
+PAIRS = (("chunk_gla", "fla.chunk_gla"), ("fused_chunk_gla", "fla.chunk_gla"), ("chunk_simple_gla", "fla.chunk_simple_gla"))
+
+
+def ratios(rows, pairs=PAIRS) -> list[dict]:
+    """Per (K, V, T): for each (ours, ref) of ``pairs`` (default ours over FLA's), ``"ours/ref fwd"``,
+    ``"ours/ref fwd_bwd"`` and ``"ours/ref fwd_bwd peak"`` where both rows have them (time and peak;
+    < 1 means faster or smaller)."""
     by = {(r["K"], r["V"], r["T"], r["name"]): r for r in rows}
     out = []
     for K, V, T in sorted({(r["K"], r["V"], r["T"]) for r in rows}):
         row = {"K": K, "V": V, "T": T}
-        for ours, ref in (("chunk_gla", "fla.chunk_gla"), ("fused_chunk_gla", "fla.chunk_gla"),
-                          ("chunk_simple_gla", "fla.chunk_simple_gla")):
+        for ours, ref in pairs:
             a, b = by.get((K, V, T, ours), {}), by.get((K, V, T, ref), {})
             for key in ("fwd", "fwd_bwd"):
                 if key in a and key in b:
