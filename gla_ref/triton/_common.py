@@ -61,8 +61,9 @@ def capability(index: int) -> tuple[int, int]:
 
 def sm_count(x: torch.Tensor) -> int | None:
     """Streaming multiprocessors of the CUDA device holding ``x`` (asked once per device); None off CUDA."""
-    return _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device()) \
-        if x.device.type == "cuda" else None
+    if x.device.type != "cuda":
+        return None
+    return _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)
