@@ -47,28 +47,25 @@ def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_seqlens=
     if device.triton_interpret():
         refuse_interpreted_bf16(tensors)
     if q.device.type == "cuda":
-        _ptxas.check(capability(q.device.index))
+        props = device_properties(q.device.index)
+        _ptxas.check((props.major, props.minor))
     if device.is_debug():
         check_values(tensors)
     return dims
 
 
 @functools.lru_cache(maxsize=None)
-def capability(index: int) -> tuple[int, int]:
-    """Compute capability of CUDA device ``index``, asked once (torch's answer costs µs on every call)."""
-    return torch.cuda.get_device_capability(index)
+def device_properties(index: int):
+    """torch's properties of CUDA device ``index`` (compute capability, SM count), asked once: each
+    query costs µs, and launches ask on every call."""
+    return torch.cuda.get_device_properties(index)
 
 
 def sm_count(x: torch.Tensor) -> int | None:
-    """Streaming multiprocessors of the CUDA device holding ``x`` (asked once per device); None off CUDA."""
+    """Streaming multiprocessors of the CUDA device holding ``x``; None off CUDA."""
     if x.device.type != "cuda":
         return None
-    return _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return device_properties(x.device.index).multi_processor_count
 
 
 def refuse_interpreted_bf16(tensors: dict) -> None:
