@@ -97,14 +97,15 @@ def launch_meta(q, v, chunk_size, whole, varlen=None):
     :data:`WHOLE_V` values (one slice when V ≤ 256). N = B or the packed sequences."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    heads = num_sequences(B, varlen) * H
     if whole == "K":
         BK = block(K)
-        BV = value_block(BK, V, num_sequences(B, varlen) * H, sm_count(q) if chunk_size == WIDE_CHUNK_SIZE else None)
-        grid = (cdiv(V, BV), num_sequences(B, varlen) * H)
+        BV = value_block(BK, V, heads, sm_count(q) if chunk_size == WIDE_CHUNK_SIZE else None)
+        grid = (cdiv(V, BV), heads)
     else:
         BV = min(block(V), WHOLE_V)
         BK = min(block(K), max(16, STATE_ELEMENTS // BV))
-        grid = (cdiv(K, BK), num_sequences(B, varlen) * H, cdiv(V, BV))
+        grid = (cdiv(K, BK), heads, cdiv(V, BV))
     meta = dict(T=T, H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
                 PREC=_precision(q),
                 cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)
