@@ -158,3 +158,38 @@ def inter_chunk_dqk(v, do, h, dh, base_v, p_state, t, m_t, o_k, m_k, H: tl.const
 def reverse_cumsum(x):
     """Σ_{r' ≥ r} x[r'] along axis 0 (inside one chunk), as total − inclusive cumsum + x."""
     return tl.sum(x, axis=0) - tl.cumsum(x, axis=0) + x
+
+
+@triton.jit
+def reverse_cumsum_dot(x, C: tl.constexpr):
+    """Σ_{r' ≥ r} x[r'] over the C rows of a float32 tile, as one IEEE float32 matmul with the upper-triangular
+    ones matrix U (``U_rs = 1`` for s ≥ r): every product is exact (1·x or 0·x), so only the order of the
+    additions differs from :func:`reverse_cumsum`. Inside a sequential chunk loop the matmul stays in the
+    tensor cores' layouts where a scan would convert to its own: in ``fused_chunk_gla``'s dk kernel on the H200
+    (B = 8, H = 16, bf16, T = 4096, with :func:`synced` in place of ``tl.debug_barrier``) the kernel took
+    3.17 ms instead of 4.32 at K × V = 128 × 256 and 13.3 instead of 15.9 at 256 × 512."""
+    o_c = tl.arange(0, C)
+    U = tl.where(o_c[:, None] <= o_c[None, :], 1.0, 0.0)
+    return tl.dot(U, x, input_precision="ieee")
+
+
+@triton.jit
+def synced(x, PTX: tl.constexpr):
+    """``x`` (float32) itself, passed on only once every thread of the program has reached this point.
+
+    A program that reads a buffer and then overwrites it with a value computed from what every thread read
+    (a sum over rows, say) needs every read done before any write: Triton gives no such order between the
+    threads of a program for global memory. ``tl.debug_barrier`` gives it, but Triton 3.6 then no longer
+    software-pipelines the loop around it (the dk kernel of ``fused_chunk_gla`` took the same time with one
+    stage as with three). With ``PTX`` this is a ``bar.sync`` of the whole block in inline PTX, once per
+    element a thread holds (every thread holds as many): the PTX barrier orders every memory access a
+    thread made before it ahead of those any thread makes after it, x depends on the values read, and what
+    is written depends on the value returned here, so the compiler can move neither across it. Without
+    ``PTX`` (Triton's CPU interpreter, which runs a program as one thread, or another GPU) it is
+    ``tl.debug_barrier``."""
+    if PTX:
+        return tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=False, pack=1)
+    else:
+        tl.debug_barrier()
+        return x

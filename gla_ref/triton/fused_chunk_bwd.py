@@ -21,7 +21,8 @@ Hence three kernels, with ``dP = dO Vᵀ`` (i ≥ j) and b, b_C as in the forwar
 
        dB_t = q_t ⊙ dq_t − k_t ⊙ dk_t  (+ Σ_v S_T ⊙ dS_T at t = T),   dg_t = Σ_{s ≥ t} dB_s,
 
-   a reverse cumulative sum inside the chunk plus a running total of the later chunks;
+   a reverse cumulative sum inside the chunk (one matmul with the upper-triangular ones,
+   :func:`~gla_ref.triton._tiles.reverse_cumsum_dot`) plus a running total of the later chunks;
 
 3. :func:`_bwd_dv_kernel`, grid ``(⌈V/BV⌉, B·H)``, the whole K: the same reverse sweep of dS for
    its value columns, and ``dV = Pᵀ dO + (K ⊙ exp(b_C − b)) dS``.
@@ -35,8 +36,9 @@ program. HBM traffic of kernels 1 and 2 then reads q, k, g once per slice and wr
 
 The dg output doubles as the only intermediate: kernel 1 stores ``q ⊙ dq`` there (from the float32
 dq, before dq is rounded to its dtype; in g's dtype, float32 for float32 gates) and kernel 2 reads
-it back and overwrites it with dg. The
-backward allocates dq, dk, dv, dg and dh0 and, for V ≤ 256, nothing else.
+it back and overwrites it with dg, after a block-wide barrier that lets every thread finish reading
+first (:func:`~gla_ref.triton._tiles.synced`, a PTX ``bar.sync`` that, unlike ``tl.debug_barrier``, leaves
+the chunk loop pipelined). The backward allocates dq, dk, dv, dg and dh0 and, for V ≤ 256, nothing else.
 
 The intra-chunk sums (dq's over j ≤ i, dk's over i ≥ j, and dv's P) have the forward's two forms,
 picked per program and chunk by :func:`~gla_ref.triton.fused_chunk_fwd.gentle_chunk` (for kernels 1
@@ -60,7 +62,7 @@ import triton.language as tl
 from gla_ref.triton._common import autotune
 from gla_ref.triton._gates import fast_grad_precision
 from gla_ref.triton._launch import cache_launches
-from gla_ref.triton._tiles import sequence_tokens, token_bases
+from gla_ref.triton._tiles import reverse_cumsum_dot, sequence_tokens, synced, token_bases
 from gla_ref.triton.fused_chunk_fwd import (
     causal,
     chunk_gates,
@@ -155,7 +157,8 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T
 def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part_stride, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, FPREC: tl.constexpr,
-                   USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
+                   USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
+                   PTX: tl.constexpr):
     i_k, i_bh, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
@@ -195,8 +198,8 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part
         store_tile(dk, rows, o_k, T, K, H * K, b_dk)
         if USE_G:
             dB = load_tile(dg, rows, o_k, T, K, H * K) - b_k * b_dk  # dg holds q ⊙ dq (kernel 1)
-            tl.debug_barrier()  # every thread has read its q ⊙ dq before dg overwrites any of them
-            store_tile(dg, rows, o_k, T, K, H * K, dg_acc[None, :] + tl.cumsum(dB, axis=0, reverse=True))
+            dB = synced(dB, PTX)  # every thread has read its q ⊙ dq before dg overwrites any of them
+            store_tile(dg, rows, o_k, T, K, H * K, dg_acc[None, :] + reverse_cumsum_dot(dB, C))
             dg_acc += tl.sum(dB, axis=0)
         dS = state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC)
     if USE_H0:
@@ -263,7 +266,8 @@ def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size, varlen=
                              USE_G=g is not None, USE_H0=h0 is not None)
     tuned = _bwd_dq_kernel.best_config  # kernel 2 sweeps the same tiles in reverse: it takes kernel 1's config
     _bwd_dk_kernel[key_grid](q, k, v, g, do, dk, dg, ht, dht, dh0, scale=scale, part_stride=q.numel(), **key_meta,
-                             **flags, USE_H0=h0 is not None, num_warps=tuned.num_warps, num_stages=tuned.num_stages)
+                             **flags, USE_H0=h0 is not None, PTX=q.is_cuda and torch.version.hip is None,
+                             num_warps=tuned.num_warps, num_stages=tuned.num_stages)
     value_grid, value_meta = launch_meta(q, v, chunk_size, "K", varlen)
     _bwd_dv_kernel[value_grid](q, k, g, do, dv, dht, scale=scale, **value_meta, **flags)
     if NV > 1:
