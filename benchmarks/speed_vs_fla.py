@@ -21,11 +21,22 @@ takes at the measured copy bandwidth, over the measured time. Ratios against FLA
 ``--keep`` starts from an earlier file's rows (a long sweep split across several calls; the file is rewritten
 after every T, so a run cut short keeps the lengths it finished); ``--smoke`` runs tiny float32 shapes on a
 CPU under Triton's interpreter into a temporary file.
+
+Several shapes at once on one GPU: start one process per shape, each with ``--gpu-turns PATH`` (the same PATH)
+and its own ``--out``, then ``--merge`` their files into one. Compilation, most of a first call, runs side by
+side on the CPU cores; every timing (``triton.testing.do_bench``: ours, the autotuners', the copy bandwidth)
+and every peak is taken in an exclusive turn (:class:`GpuTurns`). Outside a turn a process only compiles and
+makes first runs: a first forward+backward at the shape's first T, and an autotuned config's first launch.
+Such a launch may overlap another process's timing; the median of its many runs absorbs one. The first-call
+wall times of such a run include waiting for turns and sharing the CPU: ``benchmarks/first_call.py`` measures
+first calls alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import pathlib
 import sys
 import time
@@ -100,6 +111,55 @@ def autotune_entries() -> int:
     return sum(len(tuner.cache) for tuner in autotuners().values())
 
 
+class GpuTurns:
+    """Exclusive turns on a GPU that several processes share: an ``fcntl`` lock on the file ``path``, held
+    from the outermost ``with`` to its end (nested ``with`` blocks in one process hold it once). Without a
+    path it only counts the nesting."""
+
+    def __init__(self, path=None):
+        self.path, self.depth, self.file = path, 0, None
+
+    def __enter__(self):
+        if self.path is not None and self.depth == 0:
+            self.file = open(self.path, "a")
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+        if self.file is not None and self.depth == 0:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
+            self.file = None
+
+
+TURNS = GpuTurns()
+"""This process's turns: :func:`measure` times inside one; :func:`take_turns` gives it a lock file."""
+
+
+def take_turns(path, sync=None) -> None:
+    """Share the GPU with the other processes given the same ``path``: ``triton.testing.do_bench`` (which
+    ``bench.time_cuda`` and Triton's autotuners call) then times inside a turn. Called outside one, by an
+    autotuner during a first call, it first runs the config once (the launch that compiles it) before
+    waiting for the turn, so compiling stays parallel. ``sync`` waits for the GPU (default
+    ``torch.cuda.synchronize``)."""
+    import torch
+    import triton.testing
+
+    TURNS.path = path
+    plain, sync = triton.testing.do_bench, sync or torch.cuda.synchronize
+
+    def do_bench(fn, *args, **kwargs):
+        if TURNS.depth == 0:
+            fn()
+            sync()
+        with TURNS:
+            return plain(fn, *args, **kwargs)
+
+    triton.testing.do_bench = do_bench
+
+
 def measure(run, inputs, on_gpu, first: bool) -> dict:
     """Times and peaks of one candidate at one T. Each part is tried on its own, so a backward that
     refuses (FLA's ``chunk_simple_gla`` on Hopper) still leaves the forward's numbers; its error lands
@@ -130,7 +190,8 @@ def measure(run, inputs, on_gpu, first: bool) -> dict:
     out = {}
     for key, part in parts.items():
         try:
-            out.update(part())
+            with TURNS if key != "first" else contextlib.nullcontext():
+                out.update(part())
         except torch.OutOfMemoryError:
             out[f"{key}_error"] = "out of memory"
         except (RuntimeError, AssertionError, NotImplementedError) as err:
@@ -189,6 +250,23 @@ def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype, done_T=lambda r
     return rows, {"K": K, "V": V, "retunes_after_first_T": retunes}
 
 
+def merge(results: list[dict]) -> dict:
+    """One result from several processes' (``--gpu-turns``): their rows and retunes, ratios recomputed, each
+    process's copy bandwidth and wall time by the shapes it ran. They must share device, versions and setting
+    but their lengths (the date may differ: a run may pass midnight)."""
+    first = results[0]
+    same = lambda r: ({k: v for k, v in r["env"].items() if k != "date"}, {k: v for k, v in r["setting"].items() if k != "T"})  # noqa: E731
+    if any(same(r) != same(first) for r in results):
+        raise ValueError("--merge: the results differ in device, versions or setting")
+    shapes = lambda r: " ".join(sorted({f"{row['K']}x{row['V']}" for row in r["rows"]}))  # noqa: E731
+    rows = [row for r in results for row in r["rows"]]
+    return {"env": first["env"], "setting": dict(first["setting"], T=sorted({t for r in results for t in r["setting"]["T"]})),
+            "copy_bandwidth_GBps": first["copy_bandwidth_GBps"],
+            "copy_bandwidth_GBps_per_shape": {shapes(r): r["copy_bandwidth_GBps"] for r in results},
+            "rows": rows, "retunes": [x for r in results for x in r["retunes"]], "ratios": ratios(rows),
+            "wall_s": {shapes(r): r["wall_s"] for r in results}}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", type=parse_shape, nargs="+", help=f"KxV shapes (default {' '.join(SHAPES)})")
@@ -197,9 +275,16 @@ def main(argv=None):
     parser.add_argument("--keep", type=pathlib.Path, help="start from the rows of this earlier result")
     parser.add_argument("--out", type=pathlib.Path, help="JSON path (default results/speed_vs_fla_<device>.json)")
     parser.add_argument("--smoke", action="store_true", help="tiny float32 shapes on a CPU, a temporary file")
+    parser.add_argument("--gpu-turns", type=pathlib.Path, help="lock file shared with processes timing on this GPU")
+    parser.add_argument("--merge", type=pathlib.Path, nargs="+", help="combine these results (one per process) into --out")
     args = parser.parse_args(argv)
+    if args.merge:
+        return bench.write_result(merge([bench.load_results(p) for p in args.merge]), "speed_vs_fla", RESULTS, args.out)
     on_gpu = bench.start_gpu_run(parser, args.smoke)
     import torch
+
+    if args.gpu_turns:
+        take_turns(args.gpu_turns)
 
     from gla_ref import device
 

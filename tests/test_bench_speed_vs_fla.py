@@ -108,3 +108,71 @@ def test_a_refused_backward_keeps_the_forward():
     assert out["fwd"]["median_ms"] > 0
     assert out["first_error"] == out["fwd_bwd_error"] == "RuntimeError: backward refused on this GPU"
     assert "fwd_bwd" not in out and all(x.grad is None for x in inputs)
+
+
+_HOLD = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from speed_vs_fla import GpuTurns
+with GpuTurns(sys.argv[2]):
+    start = time.monotonic()
+    time.sleep(0.4)
+    print(start, time.monotonic())
+"""
+
+
+def test_gpu_turns_are_exclusive_across_processes_and_nest_within_one(tmp_path):
+    import pathlib
+    import subprocess
+    import sys
+
+    script = _script()
+    folder = str(pathlib.Path(script.__file__).parent)
+    lock = str(tmp_path / "gpu.lock")
+    procs = [subprocess.Popen([sys.executable, "-c", _HOLD, folder, lock], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    (a0, a1), (b0, b1) = ([float(x) for x in p.communicate(timeout=60)[0].split()] for p in procs)
+    assert a1 <= b0 or b1 <= a0, ((a0, a1), (b0, b1))  # one held the turn, then the other
+    turns = script.GpuTurns(lock)
+    with turns:
+        with turns:
+            assert turns.depth == 2 and turns.file is not None
+        assert turns.file is not None  # the inner exit keeps the outer turn
+    assert turns.depth == 0 and turns.file is None
+
+
+def test_take_turns_runs_an_autotuners_first_launch_before_its_turn(monkeypatch, tmp_path):
+    import triton.testing
+
+    script = _script()
+    log = []
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), log.append(("timed", script.TURNS.depth)))[1])
+    monkeypatch.setattr(script, "TURNS", script.GpuTurns())
+    script.take_turns(tmp_path / "gpu.lock", sync=lambda: log.append("sync"))
+    triton.testing.do_bench(lambda: log.append("run"))  # an autotuner's call: no turn held yet
+    assert log == ["run", "sync", "run", ("timed", 1)]
+    log.clear()
+    with script.TURNS:  # measure's: already in a turn, nothing runs outside it
+        triton.testing.do_bench(lambda: log.append("run"))
+    assert log == ["run", ("timed", 2)]
+
+
+def test_merge_joins_processes_and_refuses_strangers():
+    script = _script()
+    env = {"device": "GPU X", "torch": "2", "date": "2026-11-27"}
+    setting = {"B": 8, "H": 16, "dtype": "bfloat16"}
+
+    def result(K, V, ms, T, date="2026-11-27"):
+        rows = [{"K": K, "V": V, "T": T, "name": n, "fwd": {"median_ms": m}} for n, m in (("chunk_gla", ms), ("fla.chunk_gla", 2 * ms))]
+        return {"env": dict(env, date=date), "setting": dict(setting, T=[T]), "copy_bandwidth_GBps": 100.0 * K,
+                "rows": rows, "retunes": [{"K": K, "V": V, "retunes_after_first_T": 0}], "wall_s": float(V)}
+
+    merged = script.merge([result(64, 64, 1.0, 1024), result(128, 256, 3.0, 2048, date="2026-11-28")])
+    assert len(merged["rows"]) == 4 and merged["setting"]["T"] == [1024, 2048] and len(merged["retunes"]) == 2
+    assert merged["copy_bandwidth_GBps_per_shape"] == {"64x64": 6400.0, "128x256": 12800.0}
+    assert merged["wall_s"] == {"64x64": 64.0, "128x256": 256.0}
+    assert [r["chunk_gla/fla.chunk_gla fwd"] for r in merged["ratios"]] == [0.5, 0.5]
+    other = result(64, 64, 1.0, 1024)
+    other["env"]["device"] = "GPU Y"
+    with pytest.raises(ValueError, match="device, versions or setting"):
+        script.merge([result(128, 256, 3.0, 2048), other])
