@@ -78,6 +78,9 @@ SCRIPTS = {
                     " and 128x256, --only chunk_gla fla.chunk_gla: one process each, rows merged), launch_overhead.py"
                     " (ab_rows, launch_us); base_rows from the stored base_commit (see the file's note)",
     "fused_tiles": "fused_tiles.py --fla (one process per shape, rows merged with --keep)",
+    "fused_dk_sync": "speed_vs_fla.py --shapes 128x256 --gpu-turns LOCK (and 256x512, side by side: speed_T1024_rows);"
+                     " rows, kernel_rows and config_rows from one-off A/B scripts against the stored base_commit"
+                     " (see the file's note)",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
     "mosaic_scalar_gate": "pallas_mosaic_gpu_check.py --accuracy-T --T 4096 16384 --cases 'pallas chunk_simple_gla g"
