@@ -19,7 +19,8 @@ roofline fraction is the time the compulsory traffic (q, k, v, g read, o written
 takes at the measured copy bandwidth, over the measured time. Ratios against FLA per (shape, T) land in
 ``ratios``. Writes ``benchmarks/results/speed_vs_fla_<device>.json`` stamped by ``bench.environment()``;
 ``--keep`` starts from an earlier file's rows (a long sweep split across several calls; the file is rewritten
-after every T, so a run cut short keeps the lengths it finished); ``--smoke`` runs tiny float32 shapes on a
+after every candidate, so a run cut short keeps every row it finished: on 2026-11-27 FLA's chunk_simple_gla
+compile ran past the device's limit at the first T and took the rows of the other candidates with it); ``--smoke`` runs tiny float32 shapes on a
 CPU under Triton's interpreter into a temporary file.
 
 Several shapes at once on one GPU: start one process per shape, each with ``--gpu-turns PATH`` (the same PATH)
@@ -224,9 +225,9 @@ def ratios(rows, pairs=PAIRS) -> list[dict]:
     return out
 
 
-def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype, done_T=lambda rows: None) -> tuple[list, dict]:
-    """All candidates at every T of one (K, V): rows, and the shape's retune count. ``done_T(rows)`` is
-    called with the shape's rows so far after every T."""
+def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype, done=lambda rows: None) -> tuple[list, dict]:
+    """All candidates at every T of one (K, V): rows, and the shape's retune count. ``done(rows)`` is
+    called with the shape's rows so far after every candidate at every T."""
     import torch
 
     B, H, rows = setting["B"], setting["H"], []
@@ -245,7 +246,7 @@ def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype, done_T=lambda r
                    if k in ("fwd", "fwd_bwd", "first_fwd_bwd_s") or k.endswith("error")}, flush=True)
             if on_gpu:
                 torch.cuda.empty_cache()
-        done_T(rows)
+            done(rows)
     retunes = None if tuned_after_first is None else autotune_entries() - tuned_after_first
     return rows, {"K": K, "V": V, "retunes_after_first_T": retunes}
 
@@ -306,9 +307,9 @@ def main(argv=None):
         return result, bench.write_result(result, "speed_vs_fla", RESULTS, args.out, args.smoke)
 
     for K, V in shapes:
-        # after every T: a run cut short (the device's time limit) keeps the lengths it finished
+        # after every candidate: a run cut short (the device's time limit) keeps what it finished
         shape_rows, retune = run_shape(K, V, setting, runs, on_gpu, copy_gbs, device.torch_device(), dtype,
-                                       done_T=lambda part: write(rows + part, retunes))
+                                       done=lambda part: write(rows + part, retunes))
         rows += shape_rows
         retunes.append(retune)
         result, path = write(rows, retunes)

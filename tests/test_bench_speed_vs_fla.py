@@ -29,26 +29,28 @@ def test_smoke_rows_retunes_and_keep(tmp_path):
     assert len(both["retunes"]) == 2 and both["retunes"][1]["retunes_after_first_T"] is None  # one T only
 
 
-def test_a_run_cut_short_keeps_the_lengths_it_finished(tmp_path, monkeypatch):
-    """The device stops a command at its time limit: the file is written after every T, not only per shape."""
+def test_a_run_cut_short_keeps_every_row_it_finished(tmp_path, monkeypatch):
+    """The device stops a command at its time limit: the file is written after every candidate, not only per T
+    or per shape (a slow first call of one candidate must not take the others' rows with it)."""
     script = _script()
     measure, calls = script.measure, []
 
     class Stopped(Exception):
         pass
 
-    def stop_in_second_T(*args, **kwargs):
-        if len(calls) == len(script.OURS):  # every candidate of the first T has run
+    def stop_at_last_candidate(*args, **kwargs):
+        if len(calls) == len(script.OURS) - 1:  # every candidate but the last of the first T has run
             raise Stopped
         calls.append(1)
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(script, "measure", stop_in_second_T)
+    monkeypatch.setattr(script, "measure", stop_at_last_candidate)
     out = tmp_path / "cut.json"
     with pytest.raises(Stopped):
         script.main(["--smoke", "--out", str(out)])
     kept = bench.load_results(out)
-    assert {r["T"] for r in kept["rows"]} == {script.SMOKE["T"][0]} and len(kept["rows"]) == len(script.OURS)
+    assert [r["name"] for r in kept["rows"]] == list(script.OURS[:-1])
+    assert {r["T"] for r in kept["rows"]} == {script.SMOKE["T"][0]}
     assert kept["retunes"] == []  # the shape never finished
 
 
