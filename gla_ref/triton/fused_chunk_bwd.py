@@ -264,7 +264,11 @@ def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size, varlen=
     key_meta["FPREC"] = fast_grad_precision(q)  # dq and dk from the fast form: float32 sums, dg subtracts them
     _bwd_dq_kernel[key_grid](q, k, v, g, do, dq, dg, h0, scale=scale, part_stride=q.numel(), **key_meta,
                              USE_G=g is not None, USE_H0=h0 is not None)
-    tuned = _bwd_dq_kernel.best_config  # kernel 2 sweeps the same tiles in reverse: it takes kernel 1's config
+    # kernel 2 sweeps the same tiles in reverse: it takes kernel 1's config. A sweep of its own (the kernel
+    # before its PTX barrier; BK 16/32/64 x warps x stages, H200, 2026-11-27: config_rows of
+    # benchmarks/results/fused_dk_sync_nvidia_h200.json) found none faster than dq's pick there
+    # (BK 32, 4 warps, 3 stages)
+    tuned = _bwd_dq_kernel.best_config
     _bwd_dk_kernel[key_grid](q, k, v, g, do, dk, dg, ht, dht, dh0, scale=scale, part_stride=q.numel(), **key_meta,
                              **flags, USE_H0=h0 is not None, PTX=q.is_cuda and torch.version.hip is None,
                              num_warps=tuned.num_warps, num_stages=tuned.num_stages)
