@@ -164,10 +164,11 @@ def reverse_cumsum(x):
 def reverse_cumsum_dot(x, C: tl.constexpr):
     """Σ_{r' ≥ r} x[r'] over the C rows of a float32 tile, as one IEEE float32 matmul with the upper-triangular
     ones matrix U (``U_rs = 1`` for s ≥ r): every product is exact (1·x or 0·x), so only the order of the
-    additions differs from :func:`reverse_cumsum`. Inside a sequential chunk loop the matmul stays in the
-    tensor cores' layouts where a scan would convert to its own: in ``fused_chunk_gla``'s dk kernel on the H200
-    (B = 8, H = 16, bf16, T = 4096, with :func:`synced` in place of ``tl.debug_barrier``) the kernel took
-    3.17 ms instead of 4.32 at K × V = 128 × 256 and 13.3 instead of 15.9 at 256 × 512."""
+    additions differs from :func:`reverse_cumsum`. Measured, not explained: in ``fused_chunk_gla``'s dk kernel,
+    whose sequential chunk loop forms one per chunk, on the H200 (B = 8, H = 16, bf16, T = 4096, with
+    :func:`synced` in place of ``tl.debug_barrier``) the kernel took 3.17 ms instead of 3.98 with the scan
+    (4.32 before either change) at K × V = 128 × 256 and 13.3 instead of 16.0 (15.9) at 256 × 512
+    (benchmarks/results/fused_dk_sync_nvidia_h200.json)."""
     o_c = tl.arange(0, C)
     U = tl.where(o_c[:, None] <= o_c[None, :], 1.0, 0.0)
     return tl.dot(U, x, input_precision="ieee")
