@@ -253,19 +253,22 @@ def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype, done=lambda row
 
 def merge(results: list[dict]) -> dict:
     """One result from several processes' (``--gpu-turns``): their rows and retunes, ratios recomputed, each
-    process's copy bandwidth and wall time by the shapes it ran. They must share device, versions and setting
+    process's copy bandwidth and wall time by the shapes it ran (and its candidates, where two ran a shape). They must share device, versions and setting
     but their lengths (the date may differ: a run may pass midnight)."""
     first = results[0]
     same = lambda r: ({k: v for k, v in r["env"].items() if k != "date"}, {k: v for k, v in r["setting"].items() if k != "T"})  # noqa: E731
     if any(same(r) != same(first) for r in results):
         raise ValueError("--merge: the results differ in device, versions or setting")
     shapes = lambda r: " ".join(sorted({f"{row['K']}x{row['V']}" for row in r["rows"]}))  # noqa: E731
+    shared = {s for s in map(shapes, results) if [shapes(r) for r in results].count(s) > 1}
+    names = lambda r: " ".join(dict.fromkeys(row["name"] for row in r["rows"]))  # noqa: E731
+    key = lambda r: f"{shapes(r)} [{names(r)}]" if shapes(r) in shared else shapes(r)  # noqa: E731
     rows = [row for r in results for row in r["rows"]]
     return {"env": first["env"], "setting": dict(first["setting"], T=sorted({t for r in results for t in r["setting"]["T"]})),
             "copy_bandwidth_GBps": first["copy_bandwidth_GBps"],
-            "copy_bandwidth_GBps_per_shape": {shapes(r): r["copy_bandwidth_GBps"] for r in results},
+            "copy_bandwidth_GBps_per_shape": {key(r): r["copy_bandwidth_GBps"] for r in results},
             "rows": rows, "retunes": [x for r in results for x in r["retunes"]], "ratios": ratios(rows),
-            "wall_s": {shapes(r): r["wall_s"] for r in results}}
+            "wall_s": {key(r): r["wall_s"] for r in results}}
 
 
 def main(argv=None):

@@ -174,6 +174,15 @@ def test_merge_joins_processes_and_refuses_strangers():
     assert merged["copy_bandwidth_GBps_per_shape"] == {"64x64": 6400.0, "128x256": 12800.0}
     assert merged["wall_s"] == {"64x64": 64.0, "128x256": 256.0}
     assert [r["chunk_gla/fla.chunk_gla fwd"] for r in merged["ratios"]] == [0.5, 0.5]
+    simple = result(64, 64, 1.0, 1024)  # a second process at 64x64, other candidates: keyed apart
+    for row, name in zip(simple["rows"], ("chunk_simple_gla", "fla.chunk_simple_gla")):
+        row["name"] = name
+    simple["copy_bandwidth_GBps"] = 6000.0
+    split = script.merge([result(64, 64, 1.0, 1024), simple])
+    assert split["copy_bandwidth_GBps_per_shape"] == {"64x64 [chunk_gla fla.chunk_gla]": 6400.0,
+                                                      "64x64 [chunk_simple_gla fla.chunk_simple_gla]": 6000.0}
+    assert split["ratios"] == [{"K": 64, "V": 64, "T": 1024, "chunk_gla/fla.chunk_gla fwd": 0.5,
+                                "chunk_simple_gla/fla.chunk_simple_gla fwd": 0.5}]
     other = result(64, 64, 1.0, 1024)
     other["env"]["device"] = "GPU Y"
     with pytest.raises(ValueError, match="device, versions or setting"):
