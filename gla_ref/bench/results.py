@@ -81,6 +81,12 @@ SCRIPTS = {
     "fused_dk_sync": "speed_vs_fla.py --shapes 128x256 --gpu-turns LOCK (and 256x512, side by side: speed_T1024_rows);"
                      " rows, kernel_rows and config_rows from one-off A/B scripts against the stored base_commit"
                      " (see the file's note)",
+    "all_shapes_vs_fla": "speed_vs_fla.py --gpu-turns LOCK --shapes KxV --only chunk_gla fused_chunk_gla fla.chunk_gla"
+                         " --out X (and --only chunk_simple_gla fla.chunk_simple_gla: eight processes side by side),"
+                         " then speed_vs_fla.py --merge X ... --out benchmarks/results/all_shapes_vs_fla_<device>.json",
+    "fused_tf32_rounding": "triton_accuracy.py fused_chunk_gla (its inputs, run and errors, and speed_vs_fla.py's measure,"
+                           " called by a one-off A/B script on the stored base_commit, with and without the stored patch;"
+                           " see the file's note)",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
     "mosaic_scalar_gate": "pallas_mosaic_gpu_check.py --accuracy-T --T 4096 16384 --cases 'pallas chunk_simple_gla g"
