@@ -87,6 +87,7 @@ SCRIPTS = {
     "fused_tf32_rounding": "triton_accuracy.py fused_chunk_gla (its inputs, run and errors, and speed_vs_fla.py's measure,"
                            " called by a one-off A/B script on the stored base_commit, with and without the stored patch;"
                            " see the file's note)",
+    "fused_dg_error_model": "fused_dg_error_model.py",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
     "mosaic_scalar_gate": "pallas_mosaic_gpu_check.py --accuracy-T --T 4096 16384 --cases 'pallas chunk_simple_gla g"
