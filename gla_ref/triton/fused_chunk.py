@@ -85,9 +85,10 @@ def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_f
 
     Accuracy: with bf16 inputs the gate gradient's error against float64 grows with the sequence
     (relative RMSE 5.7e-3 at T = 4096, 1.0e-2 at 16384 on an H200, K = V = 128; o and the other
-    gradients stay near 3.5e-3). Its likely cause: the backward sums a term over every later token,
-    which :func:`~gla_ref.triton.chunk_gla` avoids. For bf16 training at long sequences, prefer
-    :func:`~gla_ref.triton.chunk_gla`.
+    gradients stay near 3.5e-3): the backward sums a term over every later token, which
+    :func:`~gla_ref.triton.chunk_gla` avoids, and the terms' TF32 errors add up
+    (``benchmarks/fused_dg_error_model.py`` models it on a CPU). For bf16 training at long sequences,
+    prefer :func:`~gla_ref.triton.chunk_gla`.
     """
     dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(None, 4), cu_seqlens=cu_seqlens)
     scale = check_scale(scale, dims.K)
