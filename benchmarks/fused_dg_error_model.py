@@ -6,8 +6,7 @@ On the H200, the fused kernel's bf16 dg moved away from float64 as T grew (relat
 1.0e-2 at 16384) while its dq, dk and dv did not (``fused_tf32_rounding_nvidia_h200.json``). This script
 repeats the backward of ``gla_ref/triton/fused_chunk_bwd.py`` for one head in PyTorch, chunk by chunk in the
 kernels' order, with the same products: the four matmuls that take a float32 operand on the tensor cores
-(``dq_inter`` = dO Sᵀ, ``state`` = (K ⊙ exp(b_C − b))ᵀ V, ``dk_inter`` = V dSᵀ, ``dstate`` = (Q ⊙ exp b)ᵀ dO)
-see their operands as TF32, truncated (as Triton hands them to the tensor cores) or rounded to nearest; every
+(dO Sᵀ, (K ⊙ exp(b_C − b))ᵀ V, V dSᵀ and (Q ⊙ exp b)ᵀ dO) see their operands as TF32, truncated (as Triton hands them to the tensor cores) or rounded to nearest; every
 other product is float32, as the kernels' IEEE and three-TF32 matmuls nearly are. The inputs are bf16 values;
 the reference is the same function in float64 on the same values, so what is measured is the arithmetic's
 error alone (the GPU table's float64 reference also sees the inputs before rounding, about 3.5e-3 more).
@@ -34,7 +33,6 @@ sys.path.insert(0, str(ROOT))
 from gla_ref import bench  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-TF32_MATMULS = ("dq_inter", "state", "dk_inter", "dstate")
 
 
 def tf32_truncated(x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +81,7 @@ def backward(q, k, v, g, do, chunk_size: int, operand=None, every=None):
     return dq, dk, dg
 
 
-def variants(chunk_size: int, everies) -> dict:
+def variants(everies) -> dict:
     """Row name -> (operand map, every)."""
     out = {"truncated": (tf32_truncated, None), "rounded": (tf32_nearest, None), "float32": (None, None)}
     out.update({f"identity every {m}": (tf32_truncated, m) for m in everies})
@@ -116,7 +114,7 @@ def main(argv=None):
     for T in Ts:
         x = head(T, K, V, seed=T)
         ref = backward(*(t.double() for t in x), C)
-        for name, (operand, every) in variants(C, everies).items():
+        for name, (operand, every) in variants(everies).items():
             out = backward(*x, C, operand, every)
             rows.append({"T": T, "K": K, "V": V, "chunk_size": C, "variant": name,
                          **{n: rel_rmse(o, r) for n, o, r in zip(("dq", "dk", "dg"), out, ref)}})

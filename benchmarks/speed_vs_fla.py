@@ -253,8 +253,9 @@ def run_shape(K, V, setting, runs, on_gpu, copy_gbs, dev, dtype, done=lambda row
 
 def merge(results: list[dict]) -> dict:
     """One result from several processes' (``--gpu-turns``): their rows and retunes, ratios recomputed, each
-    process's copy bandwidth and wall time by the shapes it ran (and its candidates, where two ran a shape). They must share device, versions and setting
-    but their lengths (the date may differ: a run may pass midnight)."""
+    process's copy bandwidth and wall time by the shapes it ran (and its candidates, where two ran a shape).
+    They must share device, versions and setting but their lengths (the date may differ: a run may pass
+    midnight)."""
     first = results[0]
     same = lambda r: ({k: v for k, v in r["env"].items() if k != "date"}, {k: v for k, v in r["setting"].items() if k != "T"})  # noqa: E731
     if any(same(r) != same(first) for r in results):
