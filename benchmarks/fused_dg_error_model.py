@@ -6,8 +6,8 @@ On the H200, the fused kernel's bf16 dg moved away from float64 as T grew (relat
 1.0e-2 at 16384) while its dq, dk and dv did not (``fused_tf32_rounding_nvidia_h200.json``). This script
 repeats the backward of ``gla_ref/triton/fused_chunk_bwd.py`` for one head in PyTorch, chunk by chunk in the
 kernels' order, with the same products: the four matmuls that take a float32 operand on the tensor cores
-(dO Sᵀ, (K ⊙ exp(b_C − b))ᵀ V, V dSᵀ and (Q ⊙ exp b)ᵀ dO) see their operands as TF32, truncated (as Triton hands them to the tensor cores) or rounded to nearest; every
-other product is float32, as the kernels' IEEE and three-TF32 matmuls nearly are. The inputs are bf16 values;
+(dO Sᵀ, (K ⊙ exp(b_C − b))ᵀ V, V dSᵀ and (Q ⊙ exp b)ᵀ dO) see their operands as TF32, truncated (as
+Triton hands them to the tensor cores) or rounded to nearest; every other product is float32, as the kernels' IEEE and three-TF32 matmuls nearly are. The inputs are bf16 values;
 the reference is the same function in float64 on the same values, so what is measured is the arithmetic's
 error alone (the GPU table's float64 reference also sees the inputs before rounding, about 3.5e-3 more).
 
@@ -30,7 +30,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gla_ref import bench  # noqa: E402
+from gla_ref import bench, testing  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -57,11 +57,11 @@ def backward(q, k, v, g, do, chunk_size: int, operand=None, every=None):
     chunks = [slice(n * C, n * C + C) for n in range(T // C)]
     lower = torch.tril(torch.ones(C, C, dtype=q.dtype))
     b = [lower @ g[c] for c in chunks]  # cumulative gates inside each chunk (an exact matmul in the kernels)
+    decay = [torch.exp(bn[:, None, :] - bn[None, :, :]) * lower[:, :, None] for bn in b]  # [i, j, key], j ≤ i
     dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(q)
     S, kept = torch.zeros(K, v.shape[1], dtype=q.dtype), {}
     for n, c in enumerate(chunks):  # the dq kernel: a forward sweep rebuilding S
-        decay = torch.exp(b[n][:, None, :] - b[n][None, :, :]) * lower[:, :, None]  # [i, j, key], j ≤ i
-        intra = torch.einsum("ij,jd,ijd->id", do[c] @ v[c].T, k[c], decay)
+        intra = torch.einsum("ij,jd,ijd->id", do[c] @ v[c].T, k[c], decay[n])
         dq[c] = (mm(do[c], S.T) * torch.exp(b[n]) + intra) * scale
         S = S * torch.exp(b[n][-1])[:, None] + mm((k[c] * torch.exp(b[n][-1] - b[n])).T, v[c])
         if every and (c.stop % every == 0):
@@ -69,8 +69,7 @@ def backward(q, k, v, g, do, chunk_size: int, operand=None, every=None):
     dS, later = torch.zeros_like(S), torch.zeros(K, dtype=q.dtype)
     for n in reversed(range(len(chunks))):  # the dk kernel: a reverse sweep carrying dS and the running sum
         c = chunks[n]
-        decay = torch.exp(b[n][:, None, :] - b[n][None, :, :]) * lower[:, :, None]
-        intra = torch.einsum("ij,id,ijd->jd", do[c] @ v[c].T, q[c] * scale, decay)
+        intra = torch.einsum("ij,id,ijd->jd", do[c] @ v[c].T, q[c] * scale, decay[n])
         dk[c] = intra + mm(v[c], dS.T) * torch.exp(b[n][-1] - b[n])
         if n in kept:
             later = (kept[n] * dS).sum(1)
@@ -86,10 +85,6 @@ def variants(everies) -> dict:
     out = {"truncated": (tf32_truncated, None), "rounded": (tf32_nearest, None), "float32": (None, None)}
     out.update({f"identity every {m}": (tf32_truncated, m) for m in everies})
     return out
-
-
-def rel_rmse(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt())
 
 
 def head(T, K, V, seed):
@@ -117,7 +112,7 @@ def main(argv=None):
         for name, (operand, every) in variants(everies).items():
             out = backward(*x, C, operand, every)
             rows.append({"T": T, "K": K, "V": V, "chunk_size": C, "variant": name,
-                         **{n: rel_rmse(o, r) for n, o, r in zip(("dq", "dk", "dg"), out, ref)}})
+                         **{n: testing.rel_rmse(r, o) for n, o, r in zip(("dq", "dk", "dg"), out, ref)}})
             print({k: (f"{v:.2e}" if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     result = {"env": bench.environment(), "setting": {"K": K, "V": V, "chunk_size": C, "inputs": "bf16 values",
                                                       "gates": "logsigmoid(randn) / 16"}, "rows": rows}

@@ -36,6 +36,7 @@ first calls alone.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import fcntl
 import pathlib
@@ -261,9 +262,9 @@ def merge(results: list[dict]) -> dict:
     if any(same(r) != same(first) for r in results):
         raise ValueError("--merge: the results differ in device, versions or setting")
     shapes = lambda r: " ".join(sorted({f"{row['K']}x{row['V']}" for row in r["rows"]}))  # noqa: E731
-    shared = {s for s in map(shapes, results) if [shapes(r) for r in results].count(s) > 1}
+    runs = collections.Counter(map(shapes, results))  # processes per set of shapes
     names = lambda r: " ".join(dict.fromkeys(row["name"] for row in r["rows"]))  # noqa: E731
-    key = lambda r: f"{shapes(r)} [{names(r)}]" if shapes(r) in shared else shapes(r)  # noqa: E731
+    key = lambda r: f"{shapes(r)} [{names(r)}]" if runs[shapes(r)] > 1 else shapes(r)  # noqa: E731
     rows = [row for r in results for row in r["rows"]]
     return {"env": first["env"], "setting": dict(first["setting"], T=sorted({t for r in results for t in r["setting"]["T"]})),
             "copy_bandwidth_GBps": first["copy_bandwidth_GBps"],
