@@ -1,12 +1,13 @@
-"""Where the time of chunk GLA goes: CUDA time per kernel of our ``chunk_gla`` and FLA's, forward+backward.
+"""Where the time of chunk GLA goes: CUDA time per kernel of our ``chunk_gla``, our ``fused_chunk_gla`` and FLA's
+``chunk_gla``, forward+backward.
 
-Run on a CUDA GPU: ``python benchmarks/profile_chunk.py [--T 4096] [--shape 128x128] [--forward] [--only chunk_gla]
-[--out PATH]``. Each implementation runs a few warm-up steps (autotuning happens there), then ``torch.profiler``
-records ``--steps`` forward+backward steps (forward steps alone with ``--forward``); the CUDA time of every kernel
-is summed over them and divided by the step count, and the CUDA operations a step launches are counted. Then, outside the
-profiler, the same steps run back to back on the host's clock: the time to issue them and the time until the GPU
-has finished them (at a short T the two are equal and the host's launch path, not the kernels, sets the pace).
-Writes ``benchmarks/results/chunk_profile_<device>.json``
+Run on a CUDA GPU: ``python benchmarks/profile_chunk.py [--T 4096] [--shape 128x128] [--forward]
+[--only chunk_gla fused_chunk_gla fla.chunk_gla] [--out PATH]``. Each implementation runs a few warm-up steps
+(autotuning happens there), then ``torch.profiler`` records ``--steps`` forward+backward steps (forward steps alone
+with ``--forward``); the CUDA time of every kernel is summed over them and divided by the step count, and the CUDA
+operations a step launches are counted. Then, outside the profiler, the same steps run back to back on the host's
+clock: the time to issue them and the time until the GPU has finished them (at a short T the two are equal and the
+host's launch path, not the kernels, sets the pace). Writes ``benchmarks/results/chunk_profile_<device>.json``
 (stamped with device, versions, date) and prints a table. B=8, H=16, bf16 inputs, as in the speed benchmark;
 K×V from ``--shape`` (default 128x128).
 """
@@ -26,7 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from bench_triton import make_inputs  # noqa: E402
 
 from gla_ref import bench  # noqa: E402
-from gla_ref.triton import chunk_gla  # noqa: E402
+from gla_ref.triton import chunk_gla, fused_chunk_gla  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -34,7 +35,8 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 def implementations(only=None):
     """name -> function(q, k, v, g) -> o; ``only``: the names to keep (default all; FLA is not imported
     when it is left out, which saves its first call's minutes of autotuning)."""
-    runs = {"chunk_gla": lambda q, k, v, g: chunk_gla(q, k, v, g)[0]}
+    runs = {"chunk_gla": lambda q, k, v, g: chunk_gla(q, k, v, g)[0],
+            "fused_chunk_gla": lambda q, k, v, g: fused_chunk_gla(q, k, v, g)[0]}
     if only and "fla.chunk_gla" not in only:
         return {name: run for name, run in runs.items() if name in only}
     try:
@@ -103,7 +105,7 @@ def main():
     parser.add_argument("--shape", default="128x128", help="KxV of the heads")
     parser.add_argument("--forward", action="store_true", help="profile forward steps only")
     parser.add_argument("--out", type=pathlib.Path)
-    parser.add_argument("--only", nargs="+", choices=("chunk_gla", "fla.chunk_gla"),
+    parser.add_argument("--only", nargs="+", choices=("chunk_gla", "fused_chunk_gla", "fla.chunk_gla"),
                         help="implementations to profile (default both)")
     args = parser.parse_args()
     bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
