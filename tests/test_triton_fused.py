@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -20,7 +22,7 @@ from gla_ref.gates import SAFE_DECAY
 from gla_ref.testing import as_torch, random_inputs
 from gla_ref.torch_ref import chunk_gla, recurrent_gla
 from gla_ref.triton import fused_chunk as fused_chunk_module
-from gla_ref.triton import fused_chunk_fwd, fused_chunk_gla, fused_recurrent_gla
+from gla_ref.triton import fused_chunk_bwd, fused_chunk_fwd, fused_chunk_gla, fused_recurrent_gla
 from gla_ref.triton import fused_recurrent as fused_recurrent_module
 from triton_cases import (bad_inputs, check_outputs, compare_with_reference, float64_copies, forbid_launch, grads,
                           poisoned)
@@ -156,6 +158,53 @@ def test_wide_state_tiles_against_float64_reference(c, monkeypatch):
     narrow = fused_chunk_fwd.value_block(fused_chunk_fwd.block(c.K), c.V, c.B * c.H, None)
     assert fused_chunk_fwd.launch_meta(q, v, 16, "K")[1]["BV"] == 2 * narrow
     test_against_float64_reference(c)
+
+
+# dg's running sum over the later tokens restarts from the state parked by the dq kernel every
+# fused_chunk_bwd.RESTART tokens (1024: the realistic T = 4096 cases above, on a GPU). A RESTART of 64 takes it to
+# the interpreter: fp32, and fp16 (a 16-bit dv holds the state as two halves of its bits), with h0 and a
+# final-state cotangent or neither, T not a multiple of it, chunks of 16 and 32.
+RESTARTS = [Case("chunk", F32, 2, 150, 2, 20, 24), Case("chunk", F16, 1, 150, 2, 20, 24),
+            Case("chunk", F32, 1, 100, 1, 16, 16, h0=False, final=False, opts=dict(chunk_size=32))]
+
+
+@pytest.mark.parametrize("c", RESTARTS, ids=_case_id)
+def test_gate_gradient_restarts_against_float64(c, monkeypatch):
+    monkeypatch.setattr(fused_chunk_bwd, "RESTART", 64)
+    test_against_float64_reference(c)
+
+
+@triton.jit
+def _no_state(dv, row0, o_k, o_v, K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr, HALVES: tl.constexpr):
+    return o_k[:, None] * 0.0 + o_v[None, :] * 0.0
+
+
+@pytest.mark.skipif(CUDA, reason="replaces a device function, which only the interpreter looks up at run time")
+def test_gate_gradient_restarts_read_the_parked_state(monkeypatch):
+    """With the parked states read as zeros, dg changes before each restart and not after the last: the
+    dk kernel takes the sum over the later tokens from them (so the float64 comparison checks them)."""
+    monkeypatch.setattr(fused_chunk_bwd, "RESTART", 64)
+    t = as_torch(_inputs(RESTARTS[0]), dtype=F32, device=DEV)
+    t["g"].requires_grad_()
+
+    def dg():
+        o, _ = fused_chunk_gla(t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"])
+        return torch.autograd.grad(o.sum(), t["g"])[0]
+
+    right = dg()
+    monkeypatch.setattr(fused_chunk_bwd, "parked_state", _no_state)
+    wrong = dg()
+    assert torch.equal(wrong[:, 128:], right[:, 128:])  # after the last restart (T = 150): the running sum
+    assert (wrong[:, :128] - right[:, :128]).abs().amax(dim=(0, 2, 3)).min() > 1e-3  # every earlier token
+
+
+@pytest.mark.parametrize("restart", [40, 32])  # not a multiple of the chunk; fewer rows than a 16-bit state needs
+def test_gate_gradient_restart_must_fit(restart, monkeypatch):
+    monkeypatch.setattr(fused_chunk_bwd, "RESTART", restart)
+    t = as_torch(_inputs(Case("chunk", F16, 1, 20, 1, 20, 24)), dtype=F16, device=DEV, requires_grad=True)
+    o, _ = fused_chunk_gla(t["q"], t["k"], t["v"], t["g"])
+    with pytest.raises(RuntimeError, match=f"RESTART is {restart}"):
+        o.sum().backward()
 
 
 @pytest.mark.parametrize("c", STRADDLE, ids=_case_id)

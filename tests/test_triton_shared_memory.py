@@ -47,7 +47,7 @@ _SCRIPT = textwrap.dedent('''
         q, v = (torch.empty(1, 1, 4, D, dtype=torch.bfloat16, device="meta") for D in (K, V))
         _, meta = fused_chunk_fwd.launch_meta(q, v, C, whole)  # the tiles the launchers pick
         meta.pop("T")
-        const = dict(meta, FPREC="tf32x3", USE_G=True, USE_H0=False, STORE_HT=False, USE_DHT=False, PTX=True,
+        const = dict(meta, FPREC="tf32x3", RESTART=fused_chunk_bwd.RESTART, HALVES=True, USE_G=True, USE_H0=False, STORE_HT=False, USE_DHT=False, PTX=True,
                      h0=None, ht=None, dht=None, dh0=None)
         sig = {}
         for arg in fn.arg_names:

@@ -22,7 +22,12 @@ Hence three kernels, with ``dP = dO Vᵀ`` (i ≥ j) and b, b_C as in the forwar
        dB_t = q_t ⊙ dq_t − k_t ⊙ dk_t  (+ Σ_v S_T ⊙ dS_T at t = T),   dg_t = Σ_{s ≥ t} dB_s,
 
    a reverse cumulative sum inside the chunk (one matmul with the upper-triangular ones,
-   :func:`~gla_ref.triton._tiles.reverse_cumsum_dot`) plus a running total of the later chunks;
+   :func:`~gla_ref.triton._tiles.reverse_cumsum_dot`) plus a running total of the later chunks. That
+   total is restarted every :data:`RESTART` tokens from ``Σ_v S ⊙ dS`` at that boundary (chapter 6's
+   identity: the later tokens reach the gates before it only through the state there), with S parked
+   by kernel 1. Without the restarts the TF32 errors of the large, nearly cancelling q ⊙ dq and
+   k ⊙ dk add up over every later token: in bf16 dg drifted from float64 as T grew (relative RMSE
+   5.7e-3 at T = 4096, 1.0e-2 at 16384 on an H200; ``benchmarks/fused_dg_error_model.py`` models it);
 
 3. :func:`_bwd_dv_kernel`, grid ``(⌈V/BV⌉, B·H)``, the whole K: the same reverse sweep of dS for
    its value columns, and ``dV = Pᵀ dO + (K ⊙ exp(b_C − b)) dS``.
@@ -34,11 +39,14 @@ program writes float32 partials of dq, dk and dg (``[⌈V/256⌉, B, T, H, K]`` 
 in-place q ⊙ dq hand-over per slice) and the launcher adds them up; dv and dh0 stay complete per
 program. HBM traffic of kernels 1 and 2 then reads q, k, g once per slice and writes the partials.
 
-The dg output doubles as the only intermediate: kernel 1 stores ``q ⊙ dq`` there (from the float32
-dq, before dq is rounded to its dtype; in g's dtype, float32 for float32 gates) and kernel 2 reads
-it back and overwrites it with dg, after a block-wide barrier that lets every thread finish reading
-first (:func:`~gla_ref.triton._tiles.synced`, a PTX ``bar.sync`` that, unlike ``tl.debug_barrier``, leaves
-the chunk loop pipelined). The backward allocates dq, dk, dv, dg and dh0 and, for V ≤ 256, nothing else.
+The dg and dv outputs double as the only intermediates: kernel 1 stores ``q ⊙ dq`` in dg (from the
+float32 dq, before dq is rounded to its dtype; in g's dtype, float32 for float32 gates) and kernel 2
+reads it back and overwrites it with dg, after a block-wide barrier that lets every thread finish
+reading first (:func:`~gla_ref.triton._tiles.synced`, a PTX ``bar.sync`` that, unlike
+``tl.debug_barrier``, leaves the chunk loop pipelined). Kernel 1 also parks its state tile at every
+RESTART-th token in dv's buffer (:func:`park_state`: K rows of float32, 2K rows of a 16-bit dv, at
+the start of the RESTART tokens it closes), which kernel 2 reads and kernel 3 then overwrites with
+dv. The backward allocates dq, dk, dv, dg and dh0 and, for V ≤ 256, nothing else.
 
 The intra-chunk sums (dq's over j ≤ i, dk's over i ≥ j, and dv's P) have the forward's two forms,
 picked per program and chunk by :func:`~gla_ref.triton.fused_chunk_fwd.gentle_chunk` (for kernels 1
@@ -112,12 +120,57 @@ def state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC: tl.constexpr):
     return dS * tl.exp(b_last)[:, None] + dot(tl.trans(b_q * scale * tl.exp(b)), b_do, tl.float32, PREC)
 
 
+RESTART = 1024
+"""Tokens between the restarts of dg's running sum (a multiple of every chunk size). The dq kernel parks its
+state there in dv's buffer: 2K rows of a 16-bit dv (K rows of a float32 one) of each such block of tokens."""
+
+
+@triton.jit
+def restart_at(n, T, C: tl.constexpr, RESTART: tl.constexpr):
+    """Whether the state leaving chunk n is parked (dq kernel) and restarts dg's running sum (dk kernel): a
+    multiple of RESTART tokens, before the sequence's end."""
+    return (((n + 1) * C) % RESTART == 0) & ((n + 1) * C < T)
+
+
+@triton.jit
+def parked(dv, row0, o_k, o_v, K: tl.constexpr, HV: tl.constexpr, V: tl.constexpr):
+    """Pointers and mask of a parked state tile: key ``o_k`` at row ``row0 + o_k`` of dv's ``[T, H, V]`` slab."""
+    return dv + (row0 + o_k.to(tl.int64))[:, None] * HV + o_v[None, :], (o_k < K)[:, None] & (o_v < V)[None, :]
+
+
+@triton.jit
+def park_state(dv, S, row0, o_k, o_v, K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr, HALVES: tl.constexpr):
+    """Write this program's float32 state tile into dv's buffer, which the dv kernel fills only later: as it is
+    in a float32 dv; in a 16-bit dv as the high and the low halves of its bits, rows ``row0 + key`` and
+    ``row0 + K + key``."""
+    ptr, mask = parked(dv, row0, o_k, o_v, K, HV, V)
+    if HALVES:
+        bits = S.to(tl.uint32, bitcast=True)
+        tl.store(ptr, (bits >> 16).to(tl.uint16).to(dv.dtype.element_ty, bitcast=True), mask=mask)
+        tl.store(ptr + K * HV, (bits & 0xFFFF).to(tl.uint16).to(dv.dtype.element_ty, bitcast=True), mask=mask)
+    else:
+        tl.store(ptr, S, mask=mask)
+
+
+@triton.jit
+def parked_state(dv, row0, o_k, o_v, K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr, HALVES: tl.constexpr):
+    """The state tile :func:`park_state` wrote, bit for bit."""
+    ptr, mask = parked(dv, row0, o_k, o_v, K, HV, V)
+    if HALVES:
+        hi = tl.load(ptr, mask=mask, other=0.0).to(tl.uint16, bitcast=True).to(tl.uint32)
+        lo = tl.load(ptr + K * HV, mask=mask, other=0.0).to(tl.uint16, bitcast=True).to(tl.uint32)
+        return ((hi << 16) | lo).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+
+
 @autotune(configs(), ["BK", "BV", "C", "IS_VARLEN"])
 @triton.jit
-def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T,
+def _bwd_dq_kernel(q, k, v, g, do, dq, dg, dv, h0, cu_seqlens, scale, part_stride, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, FPREC: tl.constexpr,
-                   USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
+                   USE_G: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
+                   RESTART: tl.constexpr, HALVES: tl.constexpr):
     i_k, i_bh, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     DT = k.dtype.element_ty
@@ -127,7 +180,7 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T
     part = i_v.to(tl.int64) * part_stride  # its float32 partials of dq and dg when V is sliced
     bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
     base_k, base_v = token_bases(bos, i_h, H, K, V)
-    q, k, dq, v, do = q + base_k, k + base_k, dq + part + base_k, v + base_v, do + base_v
+    q, k, dq, v, do, dv = q + base_k, k + base_k, dq + part + base_k, v + base_v, do + base_v, dv + base_v
     if USE_G:
         g += base_k
         dg += part + base_k
@@ -150,15 +203,18 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, h0, cu_seqlens, scale, part_stride, T
         if USE_G:  # q ⊙ dq, the first term of dB, kept in dg's buffer for kernel 2
             store_tile(dg, rows, o_k, T, K, H * K, load_tile(q, rows, o_k, T, K, H * K) * b_dq)
         S = state_step(S, b_k, b_v, b, b_last, PREC)
+        if USE_G:
+            if restart_at(n, T, C, RESTART):  # for the dk kernel's restart of dg's running sum
+                park_state(dv, S, (n + 1) * C - RESTART, o_k, o_v, K, V, H * V, HALVES)
 
 
 @cache_launches
 @triton.jit  # not autotuned: it overwrites its input dg, so an autotuner's rerun would read dg for q ⊙ dq
-def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part_stride, T,
+def _bwd_dk_kernel(q, k, v, g, do, dk, dg, dv, ht, dht, dh0, cu_seqlens, scale, part_stride, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, FPREC: tl.constexpr,
                    USE_G: tl.constexpr, USE_DHT: tl.constexpr, USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
-                   PTX: tl.constexpr):
+                   PTX: tl.constexpr, RESTART: tl.constexpr, HALVES: tl.constexpr):
     i_k, i_bh, i_v = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
@@ -168,7 +224,7 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part
     part = i_v.to(tl.int64) * part_stride  # its float32 partials of dk and dg when V is sliced
     bos, T = sequence_tokens(i_b, T, cu_seqlens, IS_VARLEN)
     base_k, base_v = token_bases(bos, i_h, H, K, V)
-    q, k, dk, v, do = q + base_k, k + base_k, dk + part + base_k, v + base_v, do + base_v
+    q, k, dk, v, do, dv = q + base_k, k + base_k, dk + part + base_k, v + base_v, do + base_v, dv + base_v
     if USE_G:
         g += base_k
         dg += part + base_k
@@ -197,6 +253,8 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, ht, dht, dh0, cu_seqlens, scale, part
         b_dk += dot(b_v, tl.trans(dS), tl.float32, PREC) * tl.exp(b_last[None, :] - b)
         store_tile(dk, rows, o_k, T, K, H * K, b_dk)
         if USE_G:
+            if restart_at(n, T, C, RESTART):  # Σ of dB over every later token, from the state leaving chunk n
+                dg_acc = tl.sum(parked_state(dv, (n + 1) * C - RESTART, o_k, o_v, K, V, H * V, HALVES) * dS, axis=1)
             dB = load_tile(dg, rows, o_k, T, K, H * K) - b_k * b_dk  # dg holds q ⊙ dq (kernel 1)
             dB = synced(dB, PTX)  # every thread has read its q ⊙ dq before dg overwrites any of them
             store_tile(dg, rows, o_k, T, K, H * K, dg_acc[None, :] + reverse_cumsum_dot(dB, C))
@@ -262,16 +320,21 @@ def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size, varlen=
     dh0 = None if h0 is None else torch.empty_like(h0)
     flags = dict(USE_G=g is not None, USE_DHT=dht is not None)
     key_meta["FPREC"] = fast_grad_precision(q)  # dq and dk from the fast form: float32 sums, dg subtracts them
-    _bwd_dq_kernel[key_grid](q, k, v, g, do, dq, dg, h0, scale=scale, part_stride=q.numel(), **key_meta,
-                             USE_G=g is not None, USE_H0=h0 is not None)
+    parking = dict(RESTART=RESTART, HALVES=dv.element_size() == 2)  # the dq kernel's states, in dv's buffer
+    rows = (2 if parking["HALVES"] else 1) * k.shape[-1]
+    if RESTART % chunk_size or RESTART < rows:  # a parked state fills rows of the RESTART tokens it closes
+        raise RuntimeError(f"fused_chunk_bwd.RESTART is {RESTART}: it must be a multiple of the chunk size "
+                           f"({chunk_size}) and hold a parked state ({rows} rows of dv)")
+    _bwd_dq_kernel[key_grid](q, k, v, g, do, dq, dg, dv, h0, scale=scale, part_stride=q.numel(), **key_meta,
+                             USE_G=g is not None, USE_H0=h0 is not None, **parking)
     # kernel 2 sweeps the same tiles in reverse: it takes kernel 1's config. A sweep of its own (the kernel
     # before its PTX barrier; BK 16/32/64 x warps x stages, H200, 2026-11-27: config_rows of
     # benchmarks/results/fused_dk_sync_nvidia_h200.json) found none faster than dq's pick there
     # (BK 32, 4 warps, 3 stages)
     tuned = _bwd_dq_kernel.best_config
-    _bwd_dk_kernel[key_grid](q, k, v, g, do, dk, dg, ht, dht, dh0, scale=scale, part_stride=q.numel(), **key_meta,
-                             **flags, USE_H0=h0 is not None, PTX=q.is_cuda and torch.version.hip is None,
-                             num_warps=tuned.num_warps, num_stages=tuned.num_stages)
+    _bwd_dk_kernel[key_grid](q, k, v, g, do, dk, dg, dv, ht, dht, dh0, scale=scale, part_stride=q.numel(),
+                             **key_meta, **flags, USE_H0=h0 is not None, PTX=q.is_cuda and torch.version.hip is None,
+                             **parking, num_warps=tuned.num_warps, num_stages=tuned.num_stages)
     value_grid, value_meta = launch_meta(q, v, chunk_size, "K", varlen)
     _bwd_dv_kernel[value_grid](q, k, g, do, dv, dht, scale=scale, **value_meta, **flags)
     if NV > 1:
