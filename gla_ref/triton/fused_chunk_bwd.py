@@ -126,10 +126,13 @@ state there in dv's buffer: 2K rows of a 16-bit dv (K rows of a float32 one) of 
 
 
 @triton.jit
-def restart_at(n, T, C: tl.constexpr, RESTART: tl.constexpr):
-    """Whether the state leaving chunk n is parked (dq kernel) and restarts dg's running sum (dk kernel): a
-    multiple of RESTART tokens, before the sequence's end."""
-    return (((n + 1) * C) % RESTART == 0) & ((n + 1) * C < T)
+def parked_blocks(T, C: tl.constexpr, RESTART: tl.constexpr):
+    """The chunk loop as blocks of RESTART tokens: the chunk count, the chunks per block and the block count.
+    The state leaving every block but the last is parked (dq kernel) and restarts dg's running sum (dk kernel);
+    an inner loop over a block's chunks keeps that step out of the pipelined loop."""
+    NT = tl.cdiv(T, C)
+    PER: tl.constexpr = RESTART // C
+    return NT, PER, tl.cdiv(NT, PER)
 
 
 @triton.jit
@@ -185,27 +188,29 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, dv, h0, cu_seqlens, scale, part_strid
         g += base_k
         dg += part + base_k
     S = load_state(h0, i_bh, o_k, o_v, K, V, BK, BV, USE_H0)
-    for n in range(tl.cdiv(T, C)):
-        rows = (n * C + o_c).to(tl.int64)
-        b, b_last = chunk_gates(g, rows, o_k, T, K, H * K, C, BK, USE_G)
-        b_k = load_tile(k, rows, o_k, T, K, H * K)
-        b_v = load_tile(v, rows, o_v, T, V, H * V)
-        b_do = load_tile(do, rows, o_v, T, V, H * V)
-        dP = dot(b_do, tl.trans(b_v), DT, PREC)
-        b_dq = dot(b_do, tl.trans(S), tl.float32, PREC) * tl.exp(b)
-        if gentle_chunk(b_last):
-            b_dq += fast_dq(dP, b_k, b, C, FPREC)
-        else:  # the exact form
-            for j in range(C):  # key j reaches the queries i ≥ j with decay exp(b_i − b_j)
-                b_dq += col(dP, j, C)[:, None] * row(b_k, j, C)[None, :] * decay_from(b, row(b, j, C), j, C)
-        b_dq *= scale
-        store_tile(dq, rows, o_k, T, K, H * K, b_dq)
-        if USE_G:  # q ⊙ dq, the first term of dB, kept in dg's buffer for kernel 2
-            store_tile(dg, rows, o_k, T, K, H * K, load_tile(q, rows, o_k, T, K, H * K) * b_dq)
-        S = state_step(S, b_k, b_v, b, b_last, PREC)
+    NT, PER, NB = parked_blocks(T, C, RESTART)
+    for blk in range(NB):
+        for n in range(blk * PER, tl.minimum(NT, blk * PER + PER)):
+            rows = (n * C + o_c).to(tl.int64)
+            b, b_last = chunk_gates(g, rows, o_k, T, K, H * K, C, BK, USE_G)
+            b_k = load_tile(k, rows, o_k, T, K, H * K)
+            b_v = load_tile(v, rows, o_v, T, V, H * V)
+            b_do = load_tile(do, rows, o_v, T, V, H * V)
+            dP = dot(b_do, tl.trans(b_v), DT, PREC)
+            b_dq = dot(b_do, tl.trans(S), tl.float32, PREC) * tl.exp(b)
+            if gentle_chunk(b_last):
+                b_dq += fast_dq(dP, b_k, b, C, FPREC)
+            else:  # the exact form
+                for j in range(C):  # key j reaches the queries i ≥ j with decay exp(b_i − b_j)
+                    b_dq += col(dP, j, C)[:, None] * row(b_k, j, C)[None, :] * decay_from(b, row(b, j, C), j, C)
+            b_dq *= scale
+            store_tile(dq, rows, o_k, T, K, H * K, b_dq)
+            if USE_G:  # q ⊙ dq, the first term of dB, kept in dg's buffer for kernel 2
+                store_tile(dg, rows, o_k, T, K, H * K, load_tile(q, rows, o_k, T, K, H * K) * b_dq)
+            S = state_step(S, b_k, b_v, b, b_last, PREC)
         if USE_G:
-            if restart_at(n, T, C, RESTART):  # for the dk kernel's restart of dg's running sum
-                park_state(dv, S, (n + 1) * C - RESTART, o_k, o_v, K, V, H * V, HALVES)
+            if (blk + 1) * RESTART < T:  # for the dk kernel's restart of dg's running sum
+                park_state(dv, S, blk * RESTART, o_k, o_v, K, V, H * V, HALVES)
 
 
 @cache_launches
@@ -233,33 +238,37 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, dv, ht, dht, dh0, cu_seqlens, scale, 
     if USE_DHT:
         if USE_G:  # Σ_v S_T ⊙ dS_T over this program's values (the slices' partials add up)
             dg_acc += tl.sum(load_state(ht, i_bh, o_k, o_v, K, V, BK, BV, True) * dS, axis=1)
-    NT = tl.cdiv(T, C)
-    for i_n in range(NT):
-        n = NT - 1 - i_n
-        rows = (n * C + o_c).to(tl.int64)
-        b, b_last = chunk_gates(g, rows, o_k, T, K, H * K, C, BK, USE_G)
-        b_q = load_tile(q, rows, o_k, T, K, H * K)
-        b_k = load_tile(k, rows, o_k, T, K, H * K)
-        b_v = load_tile(v, rows, o_v, T, V, H * V)
-        b_do = load_tile(do, rows, o_v, T, V, H * V)
-        dPT = dot(b_v, tl.trans(b_do), DT, PREC)  # dPᵀ: [key j, query i]
-        if gentle_chunk(b_last):
-            b_dk = fast_dk(dPT, b_q * scale, b, C, FPREC)
-        else:  # the exact form
-            b_dk = tl.zeros([C, BK], dtype=tl.float32)
-            b_qs = b_q * scale
-            for i in range(C):  # query i reaches the keys j ≤ i
-                b_dk += col(dPT, i, C)[:, None] * query_decays(b_qs, b, i, C)
-        b_dk += dot(b_v, tl.trans(dS), tl.float32, PREC) * tl.exp(b_last[None, :] - b)
-        store_tile(dk, rows, o_k, T, K, H * K, b_dk)
+    NT, PER, NB = parked_blocks(T, C, RESTART)
+    for i_blk in range(NB):
+        blk = NB - 1 - i_blk
         if USE_G:
-            if restart_at(n, T, C, RESTART):  # Σ of dB over every later token, from the state leaving chunk n
-                dg_acc = tl.sum(parked_state(dv, (n + 1) * C - RESTART, o_k, o_v, K, V, H * V, HALVES) * dS, axis=1)
-            dB = load_tile(dg, rows, o_k, T, K, H * K) - b_k * b_dk  # dg holds q ⊙ dq (kernel 1)
-            dB = synced(dB, PTX)  # every thread has read its q ⊙ dq before dg overwrites any of them
-            store_tile(dg, rows, o_k, T, K, H * K, dg_acc[None, :] + reverse_cumsum_dot(dB, C))
-            dg_acc += tl.sum(dB, axis=0)
-        dS = state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC)
+            if (blk + 1) * RESTART < T:  # Σ of dB over every later token, from the state parked at the block's end
+                dg_acc = tl.sum(parked_state(dv, blk * RESTART, o_k, o_v, K, V, H * V, HALVES) * dS, axis=1)
+        first, last = blk * PER, tl.minimum(NT, blk * PER + PER)
+        for i_n in range(last - first):
+            n = last - 1 - i_n
+            rows = (n * C + o_c).to(tl.int64)
+            b, b_last = chunk_gates(g, rows, o_k, T, K, H * K, C, BK, USE_G)
+            b_q = load_tile(q, rows, o_k, T, K, H * K)
+            b_k = load_tile(k, rows, o_k, T, K, H * K)
+            b_v = load_tile(v, rows, o_v, T, V, H * V)
+            b_do = load_tile(do, rows, o_v, T, V, H * V)
+            dPT = dot(b_v, tl.trans(b_do), DT, PREC)  # dPᵀ: [key j, query i]
+            if gentle_chunk(b_last):
+                b_dk = fast_dk(dPT, b_q * scale, b, C, FPREC)
+            else:  # the exact form
+                b_dk = tl.zeros([C, BK], dtype=tl.float32)
+                b_qs = b_q * scale
+                for i in range(C):  # query i reaches the keys j ≤ i
+                    b_dk += col(dPT, i, C)[:, None] * query_decays(b_qs, b, i, C)
+            b_dk += dot(b_v, tl.trans(dS), tl.float32, PREC) * tl.exp(b_last[None, :] - b)
+            store_tile(dk, rows, o_k, T, K, H * K, b_dk)
+            if USE_G:
+                dB = load_tile(dg, rows, o_k, T, K, H * K) - b_k * b_dk  # dg holds q ⊙ dq (kernel 1)
+                dB = synced(dB, PTX)  # every thread has read its q ⊙ dq before dg overwrites any of them
+                store_tile(dg, rows, o_k, T, K, H * K, dg_acc[None, :] + reverse_cumsum_dot(dB, C))
+                dg_acc += tl.sum(dB, axis=0)
+            dS = state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC)
     if USE_H0:
         p_s, m_s = state_block(dh0, i_bh, o_k, o_v, K, V)
         tl.store(p_s, dS, mask=m_s)
