@@ -88,6 +88,11 @@ SCRIPTS = {
                            " called by a one-off A/B script on the stored base_commit, with and without the stored patch;"
                            " see the file's note)",
     "fused_dg_error_model": "fused_dg_error_model.py",
+    "fused_dg_restart": "triton_accuracy.py fused_chunk_gla (its inputs, run and errors, and speed_vs_fla.py's measure,"
+                        " called by a one-off A/B script stored in the file, at the branch and at base_commit), and"
+                        " profile_chunk.py --shape KxV --T 4096 --only fused_chunk_gla (kernel_rows)",
+    "fused_profile": "profile_chunk.py --shape KxV --T 4096 --only fused_chunk_gla (rows); ncu_rows and warps_rows from"
+                     " one-off Nsight Compute and forced-config scripts stored in the file (see its note)",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
     "mosaic_scalar_gate": "pallas_mosaic_gpu_check.py --accuracy-T --T 4096 16384 --cases 'pallas chunk_simple_gla g"
