@@ -88,6 +88,9 @@ SCRIPTS = {
                            " called by a one-off A/B script on the stored base_commit, with and without the stored patch;"
                            " see the file's note)",
     "fused_dg_error_model": "fused_dg_error_model.py",
+    "chunk_simple_rerun": "speed_vs_fla.py --gpu-turns LOCK --shapes KxV --only chunk_simple_gla fla.chunk_simple_gla"
+                          " --out X (128x128 and 64x64 side by side), then speed_vs_fla.py --merge X ... --out"
+                          " benchmarks/results/chunk_simple_rerun_<device>.json",
     "fused_dg_restart": "triton_accuracy.py fused_chunk_gla (its inputs, run and errors, and speed_vs_fla.py's measure,"
                         " called by a one-off A/B script stored in the file, at the branch and at base_commit), and"
                         " profile_chunk.py --shape KxV --T 4096 --only fused_chunk_gla (kernel_rows)",
