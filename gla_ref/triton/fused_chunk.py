@@ -83,12 +83,11 @@ def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_f
         ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]``
         (``[N, H, K, V]`` packed) or None.
 
-    Accuracy: with bf16 inputs the gate gradient's error against float64 grows with the sequence
-    (relative RMSE 5.7e-3 at T = 4096, 1.0e-2 at 16384 on an H200, K = V = 128; o and the other
-    gradients stay near 3.5e-3): the backward sums a term over every later token, which
-    :func:`~gla_ref.triton.chunk_gla` avoids, and the terms' TF32 errors add up
-    (``benchmarks/fused_dg_error_model.py`` models it on a CPU). For bf16 training at long sequences,
-    prefer :func:`~gla_ref.triton.chunk_gla`.
+    Accuracy: the backward sums the gate gradient's terms over the later tokens in runs of
+    :data:`~gla_ref.triton.fused_chunk_bwd.RESTART` (1024) tokens, each started afresh from the state and its
+    gradient at the run's end. With bf16 inputs on an H200 (K = V = 128) dg is then within 4.1e-3 relative RMSE
+    of float64 at T = 4096 and 16384, like o and the other gradients; one sum over every later token let the
+    terms' TF32 errors add up, 1.0e-2 at 16384 (``benchmarks/fused_dg_error_model.py`` models both).
     """
     dims, varlen = prepare_packed(q, k, v, g, initial_state, gate_ranks=(None, 4), cu_seqlens=cu_seqlens)
     scale = check_scale(scale, dims.K)
