@@ -4,6 +4,7 @@
     python benchmarks/pallas_mosaic_gpu_check.py --T 4096 8192   # timing lengths (default 4096 8192 16384)
     python benchmarks/pallas_mosaic_gpu_check.py --kernels --T 4096  # each kernel alone, both launchers
     python benchmarks/pallas_mosaic_gpu_check.py --accuracy-T --cases NAME ...  # timing of some cases only
+    python benchmarks/pallas_mosaic_gpu_check.py --accuracy-T 4096 16384 --variants fused --no-timing
     python benchmarks/pallas_mosaic_gpu_check.py --smoke         # any machine: interpreter accuracy, no timing
 
 Accuracy: every Pallas path (:data:`VARIANTS`: ``chunk_gla``, ``fused_chunk_gla`` and
@@ -60,15 +61,17 @@ def _error(err: BaseException) -> str:
     return next((line for line in text.splitlines() if line.strip()), text)[:300]
 
 
-def accuracy_rows(Ts, smoke: bool):
-    """One row per (launcher, variant, dtype, T): the relative RMSE of every tensor, or the error raised."""
+def accuracy_rows(Ts, smoke: bool, variants=None):
+    """One row per (launcher, variant, dtype, T): the relative RMSE of every tensor, or the error raised.
+    ``variants``: the bf16 variants to check (default :data:`VARIANTS`, and ``chunk`` in float32 too)."""
     import jax.numpy as jnp
     from test_pallas import check_variant
 
     from gla_ref.pallas import _compat
 
     rows = []
-    cases = [(v, jnp.bfloat16) for v in (SMOKE_VARIANTS if smoke else VARIANTS)] + [("chunk", jnp.float32)]
+    cases = [(v, jnp.bfloat16) for v in (SMOKE_VARIANTS if smoke else variants or VARIANTS)]
+    cases += [] if variants else [("chunk", jnp.float32)]
     for launcher in ("mosaic_gpu", "gpu"):
         for variant, dtype in cases:
             for T in Ts:
@@ -210,6 +213,9 @@ def main(argv=None):
                         help="instead: time each kernel of the non-fused path alone (both launchers, K=V=128 and 64, the first T)")
     parser.add_argument("--cases", nargs="+", choices=sorted({name for name, _ in CASES}),
                         help="time only these cases (default all)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS,
+                        help="check the accuracy of only these paths, in bf16 (default all, and chunk in float32)")
+    parser.add_argument("--no-timing", action="store_true", help="accuracy only")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args(argv)
     import jax
@@ -236,9 +242,10 @@ def main(argv=None):
         for K in (128, 64):
             kernel_rows(args.T[0], K, result["kernels"], save)
     else:
-        result["accuracy"] = accuracy_rows(args.accuracy_T, smoke=False)
+        result["accuracy"] = accuracy_rows(args.accuracy_T, smoke=False, variants=args.variants)
         save()
-        timing_rows(args.T, result["rows"], save, args.cases)
+        if not args.no_timing:
+            timing_rows(args.T, result["rows"], save, args.cases)
     path = save()
     print("wrote", path)
     return path
