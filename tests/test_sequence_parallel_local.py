@@ -136,6 +136,35 @@ def test_hlo_collectives_reads_kinds_shapes_bytes_and_devices():
     assert sent == [512 + ring4 + ring2, 128 + ring4 + ring2, 128 + ring4 + ring2, ring4 + ring2]
 
 
+# jax 0.11's GPU compiler writes replica groups as mesh axes (this line is from chapter 9 on an H200)
+MESH_LINE = ("%psum_invariant.8 = f32[1,2,8,6]{3,2,1,0} all-reduce(%add_select_fusion), channel_id=1, "
+             "replica_groups=mesh['seq'=8] {'seq'}, use_global_device_ids=true, to_apply=%region_31.33")
+
+
+@pytest.mark.parametrize("groups, expected", [
+    ("mesh['seq'=8] {'seq'}", [list(range(8))]),
+    ("mesh['rep'=2,'seq'=2] {'seq'}", [[0, 1], [2, 3]]),
+    ("@mesh<u=2,v=3> {u}", [[0, 3], [1, 4], [2, 5]]),
+    ("@mesh<u=2,v=3> {v,u}", [[0, 3, 1, 4, 2, 5]]),
+    ("@mesh<u=2,v=3> {}", [[d] for d in range(6)]),  # no axes: every device alone
+    ("@mesh<a=2,b=4>(devices=[2,4]<=[4,2]T(1,0)) {a}", [[0, 1], [2, 3], [4, 5], [6, 7]]),
+    ("@mesh<o=4>(devices=[4]3,2,1,0) {o}", [[3, 2, 1, 0]]),
+])
+def test_hlo_collectives_reads_replica_groups_written_as_mesh_axes(groups, expected):
+    line = MESH_LINE.replace("mesh['seq'=8] {'seq'}", groups)
+    assert costs.hlo_collectives(line)[0]["groups"] == expected
+
+
+def test_hlo_collectives_reads_the_gpu_line_and_refuses_sub_axes():
+    op = costs.hlo_collectives(MESH_LINE)[0]
+    assert op["nbytes"] == 4 * 2 * 8 * 6 and op["groups"] == [list(range(8))]
+    assert costs.bytes_sent_by_device([op], 8) == [2 * 7 / 8 * op["nbytes"]] * 8
+    with pytest.raises(ValueError, match="sub-axes are not read"):
+        costs.hlo_collectives(MESH_LINE.replace("{'seq'}", "{'seq':(1)2}"))
+    with pytest.raises(ValueError, match="do not fill its 8 positions"):
+        costs.hlo_collectives(MESH_LINE.replace("mesh['seq'=8]", "mesh['seq'=8](devices=[4]0,1,2,3)"))
+
+
 def test_bytes_sent_by_device_refuses_what_it_does_not_model():
     ops = costs.hlo_collectives("%ag = f32[8]{0} all-gather(%x), replica_groups={{0,1}}, dimensions={0}")
     with pytest.raises(ValueError, match="counts collective-permute and all-reduce, got all-gather"):

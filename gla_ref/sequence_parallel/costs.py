@@ -17,6 +17,7 @@ device sends. Importing this module loads no framework.
 
 from __future__ import annotations
 
+import math
 import re
 
 __all__ = ["bytes_sent_by_device", "hlo_collectives", "ring_attention_bytes", "state_chain_bytes"]
@@ -66,6 +67,8 @@ _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _GROUPS = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
 _IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[(\d+)\](T)?")
+_MESH = re.compile(r"replica_groups=@?mesh[<\[]([^>\]]*)[>\]](?:\(devices=(.*?)\))?\s*\{([^}]*)\}")
+_DEVICES = re.compile(r"\[([\d,]+)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?|([\d,]+))$")
 
 
 def _nbytes(dtype, dims):
@@ -77,8 +80,74 @@ def _nbytes(dtype, dims):
     return n
 
 
+def _ints(text):
+    return [int(i) for i in text.split(",") if i]
+
+
+def _row_major(sizes):
+    """Every coordinate of an array of ``sizes``, in row-major order."""
+    coords = [()]
+    for n in sizes:
+        coords = [c + (i,) for c in coords for i in range(n)]
+    return coords
+
+
+def _flat(coord, sizes):
+    index = 0
+    for i, n in zip(coord, sizes):
+        index = index * n + i
+    return index
+
+
+def _mesh_devices(spec, count):
+    """The device at each mesh position, row-major: ``None`` (the iota 0..count−1), ``[dims]<=[shape]T(perm)``
+    (an iota of ``shape``, transposed by ``perm``) or ``[dims]i,j,...`` (listed)."""
+    if spec is None:
+        return list(range(count))
+    m = _DEVICES.match(spec.strip())
+    if m is None:
+        raise ValueError(f"cannot read the mesh's devices: {spec[:100]}")
+    if m.group(4):
+        devices = _ints(m.group(4))
+    else:
+        shape = _ints(m.group(2))
+        perm = _ints(m.group(3)) if m.group(3) else list(range(len(shape)))
+        moved = [shape[p] for p in perm]  # the transposed array's shape; its entry at c is the iota at c un-permuted
+        devices = [_flat([c[perm.index(a)] for a in range(len(shape))], shape) for c in _row_major(moved)]
+    if len(devices) != count:
+        raise ValueError(f"the mesh's devices ({len(devices)}) do not fill its {count} positions: {spec[:100]}")
+    return devices
+
+
+def _mesh_groups(axes_text, devices_spec, group_text):
+    """Replica groups written as mesh axes (``mesh['seq'=8] {'seq'}``, ``@mesh<u=2,v=3> {v}``): one group per
+    position of the axes left out, its devices along the named axes. Sub-axes (``b:(1)2``) are not read."""
+    axes = [(name, int(n)) for name, n in re.findall(r"'?(\w+)'?\s*=\s*(\d+)", axes_text)]
+    names, sizes = [a for a, _ in axes], [n for _, n in axes]
+    grouped = [g.strip().strip("'") for g in group_text.split(",") if g.strip()]
+    if any(g not in names for g in grouped):
+        raise ValueError(f"cannot read the mesh axes {grouped} (sub-axes are not read) of mesh {axes}")
+    devices = _mesh_devices(devices_spec, math.prod(sizes))
+    kept = [names.index(g) for g in grouped]
+    rest = [i for i in range(len(names)) if i not in kept]
+    groups = []
+    for outer in _row_major([sizes[i] for i in rest]):
+        group = []
+        for inner in _row_major([sizes[i] for i in kept]):
+            coord = [0] * len(names)
+            for i, c in zip(rest, outer):
+                coord[i] = c
+            for i, c in zip(kept, inner):
+                coord[i] = c
+            group.append(devices[_flat(coord, sizes)])
+        groups.append(group)
+    return groups
+
+
 def _groups(line):
-    """The replica groups of a collective, or None for 'all devices' (``replica_groups={}``)."""
+    """The replica groups of a collective, or None for 'all devices' (``replica_groups={}``). Three notations:
+    listed (``{{0,1},{2,3}}``), an iota (``[2,2]<=[4]``) and mesh axes (``mesh['seq'=8] {'seq'}``, what
+    jax 0.11's GPU compiler prints)."""
     m = _GROUPS.search(line)
     if m:
         groups = [[int(i) for i in g.split(",") if i] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
@@ -87,6 +156,9 @@ def _groups(line):
     if m and not m.group(4):  # [n_groups, size]<=[n]: consecutive ids; a transposed iota is not read
         count, size = int(m.group(1)), int(m.group(2))
         return [list(range(i * size, (i + 1) * size)) for i in range(count)]
+    m = _MESH.search(line)
+    if m:
+        return _mesh_groups(*m.groups())
     if "replica_groups=" in line:
         raise ValueError(f"cannot read the replica groups of: {line.strip()[:200]}")
     return None
