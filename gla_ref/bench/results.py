@@ -98,6 +98,9 @@ SCRIPTS = {
                      " one-off Nsight Compute and forced-config scripts stored in the file (see its note)",
     "pallas_accuracy": "pallas_accuracy.py",
     "pallas_mosaic_gpu": "pallas_mosaic_gpu_check.py",
+    "pallas_long_T_accuracy": "pallas_mosaic_gpu_check.py --accuracy-T 4096 16384 --variants fused chunk --no-timing"
+                             " --out benchmarks/results/pallas_long_T_accuracy_<device>.json (rows under 'accuracy'"
+                             " moved to 'rows')",
     "mosaic_scalar_gate": "pallas_mosaic_gpu_check.py --accuracy-T --T 4096 16384 --cases 'pallas chunk_simple_gla g"
                           " mosaic_gpu' 'pallas chunk_simple_gla g gpu' 'triton chunk_simple_gla g'"
                           " --out benchmarks/results/mosaic_scalar_gate_<device>.json",
