@@ -174,6 +174,21 @@ def test_gate_gradient_restarts_against_float64(c, monkeypatch):
     test_against_float64_reference(c)
 
 
+def test_gate_gradient_restarts_with_values_sliced(monkeypatch):
+    """V > 256: each value slice's programs park and read their own columns of the state, and their partial
+    sums of Σ_v S ⊙ dS add up in the launcher."""
+    monkeypatch.setattr(fused_chunk_bwd, "RESTART", 64)
+    test_against_float64_reference(Case("chunk", F32, 1, 80, 1, 16, 264))
+
+
+def test_gate_gradient_restarts_in_packed_sequences(monkeypatch):
+    """Packed sequences restart from their own first token: blocks of 64 tokens of each, the last one short."""
+    import test_triton_varlen as packed
+
+    monkeypatch.setattr(fused_chunk_bwd, "RESTART", 64)
+    packed.test_packed_batch(packed.Case("fused_chunk", (90, 20, 70), alone=False))
+
+
 @triton.jit
 def _no_state(dv, row0, o_k, o_v, K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr, HALVES: tl.constexpr):
     return o_k[:, None] * 0.0 + o_v[None, :] * 0.0
