@@ -136,7 +136,8 @@ def test_hlo_collectives_reads_kinds_shapes_bytes_and_devices():
     assert sent == [512 + ring4 + ring2, 128 + ring4 + ring2, 128 + ring4 + ring2, ring4 + ring2]
 
 
-# jax 0.11's GPU compiler writes replica groups as mesh axes (this line is from chapter 9 on an H200)
+# jax 0.11 writes replica groups as mesh axes (this line is from chapter 9 on the H200 machine; jax 0.11.2 on a
+# CPU prints the same, jax 0.10.2, which the tests here run, lists the groups)
 MESH_LINE = ("%psum_invariant.8 = f32[1,2,8,6]{3,2,1,0} all-reduce(%add_select_fusion), channel_id=1, "
              "replica_groups=mesh['seq'=8] {'seq'}, use_global_device_ids=true, to_apply=%region_31.33")
 

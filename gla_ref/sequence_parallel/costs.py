@@ -147,7 +147,7 @@ def _mesh_groups(axes_text, devices_spec, group_text):
 def _groups(line):
     """The replica groups of a collective, or None for 'all devices' (``replica_groups={}``). Three notations:
     listed (``{{0,1},{2,3}}``), an iota (``[2,2]<=[4]``) and mesh axes (``mesh['seq'=8] {'seq'}``, what
-    jax 0.11's GPU compiler prints)."""
+    jax 0.11 prints; jax 0.10 lists the groups)."""
     m = _GROUPS.search(line)
     if m:
         groups = [[int(i) for i in g.split(",") if i] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
