@@ -156,13 +156,20 @@ def test_hlo_collectives_reads_replica_groups_written_as_mesh_axes(groups, expec
     assert costs.hlo_collectives(line)[0]["groups"] == expected
 
 
+def test_hlo_collectives_reads_a_transposed_iota_of_replica_groups():
+    """XLA's own example of an iota list: [2,10]<=[4,5]T(1,0), the iota 0..19 as [4, 5], transposed, in 2 groups."""
+    line = MESH_LINE.replace("mesh['seq'=8] {'seq'}", "[2,10]<=[4,5]T(1,0)")
+    assert costs.hlo_collectives(line)[0]["groups"] == [[0, 5, 10, 15, 1, 6, 11, 16, 2, 7],
+                                                        [12, 17, 3, 8, 13, 18, 4, 9, 14, 19]]
+
+
 def test_hlo_collectives_reads_the_gpu_line_and_refuses_sub_axes():
     op = costs.hlo_collectives(MESH_LINE)[0]
     assert op["nbytes"] == 4 * 2 * 8 * 6 and op["groups"] == [list(range(8))]
     assert costs.bytes_sent_by_device([op], 8) == [2 * 7 / 8 * op["nbytes"]] * 8
     with pytest.raises(ValueError, match="sub-axes are not read"):
         costs.hlo_collectives(MESH_LINE.replace("{'seq'}", "{'seq':(1)2}"))
-    with pytest.raises(ValueError, match="do not fill its 8 positions"):
+    with pytest.raises(ValueError, match="do not fill the 8 positions"):
         costs.hlo_collectives(MESH_LINE.replace("mesh['seq'=8]", "mesh['seq'=8](devices=[4]0,1,2,3)"))
 
 

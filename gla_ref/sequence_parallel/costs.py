@@ -66,7 +66,7 @@ _OP = re.compile(r"=\s*(\(.*?\)|\S+)\s+(all-gather|all-reduce|collective-permute
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _GROUPS = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
-_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[(\d+)\](T)?")
+_IOTA = re.compile(r"replica_groups=(\[(\d+),(\d+)\]<=\[[\d,]+\](?:T\([\d,]+\))?)")
 _MESH = re.compile(r"replica_groups=@?mesh[<\[]([^>\]]*)[>\]](?:\(devices=(.*?)\))?\s*\{([^}]*)\}")
 _DEVICES = re.compile(r"\[([\d,]+)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?|([\d,]+))$")
 
@@ -99,9 +99,10 @@ def _flat(coord, sizes):
     return index
 
 
-def _mesh_devices(spec, count):
-    """The device at each mesh position, row-major: ``None`` (the iota 0..count−1), ``[dims]<=[shape]T(perm)``
-    (an iota of ``shape``, transposed by ``perm``) or ``[dims]i,j,...`` (listed)."""
+def _device_order(spec, count):
+    """The ``count`` devices of an array written ``[dims]<=[shape]T(perm)`` (an iota of ``shape``, transposed by
+    ``perm``) or ``[dims]i,j,...`` (listed), row-major; ``None``: the iota 0..count−1. A mesh's devices and iota
+    replica groups are both written so."""
     if spec is None:
         return list(range(count))
     m = _DEVICES.match(spec.strip())
@@ -115,7 +116,7 @@ def _mesh_devices(spec, count):
         moved = [shape[p] for p in perm]  # the transposed array's shape; its entry at c is the iota at c un-permuted
         devices = [_flat([c[perm.index(a)] for a in range(len(shape))], shape) for c in _row_major(moved)]
     if len(devices) != count:
-        raise ValueError(f"the mesh's devices ({len(devices)}) do not fill its {count} positions: {spec[:100]}")
+        raise ValueError(f"the devices ({len(devices)}) do not fill the {count} positions: {spec[:100]}")
     return devices
 
 
@@ -127,7 +128,7 @@ def _mesh_groups(axes_text, devices_spec, group_text):
     grouped = [g.strip().strip("'") for g in group_text.split(",") if g.strip()]
     if any(g not in names for g in grouped):
         raise ValueError(f"cannot read the mesh axes {grouped} (sub-axes are not read) of mesh {axes}")
-    devices = _mesh_devices(devices_spec, math.prod(sizes))
+    devices = _device_order(devices_spec, math.prod(sizes))
     kept = [names.index(g) for g in grouped]
     rest = [i for i in range(len(names)) if i not in kept]
     groups = []
@@ -153,9 +154,10 @@ def _groups(line):
         groups = [[int(i) for i in g.split(",") if i] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
         return groups or None
     m = _IOTA.search(line)
-    if m and not m.group(4):  # [n_groups, size]<=[n]: consecutive ids; a transposed iota is not read
-        count, size = int(m.group(1)), int(m.group(2))
-        return [list(range(i * size, (i + 1) * size)) for i in range(count)]
+    if m:  # [n_groups, size]<=[shape]T(perm): an iota of shape, transposed by perm, cut into the groups
+        count, size = int(m.group(2)), int(m.group(3))
+        devices = _device_order(m.group(1), count * size)
+        return [devices[i * size:(i + 1) * size] for i in range(count)]
     m = _MESH.search(line)
     if m:
         return _mesh_groups(*m.groups())
