@@ -106,7 +106,7 @@ def main():
     parser.add_argument("--forward", action="store_true", help="profile forward steps only")
     parser.add_argument("--out", type=pathlib.Path)
     parser.add_argument("--only", nargs="+", choices=("chunk_gla", "fused_chunk_gla", "fla.chunk_gla"),
-                        help="implementations to profile (default both)")
+                        help="implementations to profile (default all three)")
     args = parser.parse_args()
     bench.show_tuning()  # a line per kernel autotuned: the first call at a shape takes minutes
     B, H = 8, 16
