@@ -136,6 +136,22 @@ def parked_blocks(T, C: tl.constexpr, RESTART: tl.constexpr):
 
 
 @triton.jit
+def closes_early(blk, T, RESTART: tl.constexpr):
+    """Whether block ``blk`` of RESTART tokens ends before T: its state is parked (dq kernel) and restarts dg's
+    running sum (dk kernel). One test for both kernels, so they agree on every block."""
+    return (blk + 1) * RESTART < T
+
+
+@triton.jit
+def reverse_tiles(q, k, g, rows, o_k, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                  USE_G: tl.constexpr):
+    """What both reverse sweeps (dk and dv kernels) read of the chunk of ``rows`` over the keys ``o_k``: its
+    gates b and b_C, and its q and k tiles (float32)."""
+    b, b_last = chunk_gates(g, rows, o_k, T, K, H * K, C, BK, USE_G)
+    return b, b_last, load_tile(q, rows, o_k, T, K, H * K), load_tile(k, rows, o_k, T, K, H * K)
+
+
+@triton.jit
 def parked(dv, row0, o_k, o_v, K: tl.constexpr, HV: tl.constexpr, V: tl.constexpr):
     """Pointers and mask of a parked state tile: key ``o_k`` at row ``row0 + o_k`` of dv's ``[T, H, V]`` slab."""
     return dv + (row0 + o_k.to(tl.int64))[:, None] * HV + o_v[None, :], (o_k < K)[:, None] & (o_v < V)[None, :]
@@ -209,7 +225,7 @@ def _bwd_dq_kernel(q, k, v, g, do, dq, dg, dv, h0, cu_seqlens, scale, part_strid
                 store_tile(dg, rows, o_k, T, K, H * K, load_tile(q, rows, o_k, T, K, H * K) * b_dq)
             S = state_step(S, b_k, b_v, b, b_last, PREC)
         if USE_G:
-            if (blk + 1) * RESTART < T:  # for the dk kernel's restart of dg's running sum
+            if closes_early(blk, T, RESTART):  # for the dk kernel's restart of dg's running sum
                 park_state(dv, S, blk * RESTART, o_k, o_v, K, V, H * V, HALVES)
 
 
@@ -242,15 +258,13 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, dv, ht, dht, dh0, cu_seqlens, scale, 
     for i_blk in range(NB):
         blk = NB - 1 - i_blk
         if USE_G:
-            if (blk + 1) * RESTART < T:  # Σ of dB over every later token, from the state parked at the block's end
+            if closes_early(blk, T, RESTART):  # Σ of dB over every later token, from the state parked at its end
                 dg_acc = tl.sum(parked_state(dv, blk * RESTART, o_k, o_v, K, V, H * V, HALVES) * dS, axis=1)
         first, last = blk * PER, tl.minimum(NT, blk * PER + PER)
         for i_n in range(last - first):
             n = last - 1 - i_n
             rows = (n * C + o_c).to(tl.int64)
-            b, b_last = chunk_gates(g, rows, o_k, T, K, H * K, C, BK, USE_G)
-            b_q = load_tile(q, rows, o_k, T, K, H * K)
-            b_k = load_tile(k, rows, o_k, T, K, H * K)
+            b, b_last, b_q, b_k = reverse_tiles(q, k, g, rows, o_k, T, H, K, C, BK, USE_G)
             b_v = load_tile(v, rows, o_v, T, V, H * V)
             b_do = load_tile(do, rows, o_v, T, V, H * V)
             dPT = dot(b_v, tl.trans(b_do), DT, PREC)  # dPᵀ: [key j, query i]
@@ -296,9 +310,7 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T,
     for i_n in range(NT):
         n = NT - 1 - i_n
         rows = (n * C + o_c).to(tl.int64)
-        b, b_last = chunk_gates(g, rows, o_k, T, K, H * K, C, BK, USE_G)
-        b_q = load_tile(q, rows, o_k, T, K, H * K)
-        b_k = load_tile(k, rows, o_k, T, K, H * K)
+        b, b_last, b_q, b_k = reverse_tiles(q, k, g, rows, o_k, T, H, K, C, BK, USE_G)
         b_do = load_tile(do, rows, o_v, T, V, H * V)
         if gentle_chunk(b_last):  # Pᵀ [key j, query i]
             PT = tl.trans(fast_scores(b_q * scale, b_k, b, C, PREC))
