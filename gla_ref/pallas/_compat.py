@@ -19,6 +19,7 @@ settings, so a rename in a future JAX release is fixed here and nowhere else:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 
 import jax
@@ -133,6 +134,19 @@ def mosaic_gpu():
     from jax.experimental.pallas import mosaic_gpu as mgpu
 
     return mgpu
+
+
+@functools.cache
+def _load_takes_index() -> bool:
+    """Whether ``plgpu.load`` needs its index argument: JAX 0.10 requires it, 0.11 makes it optional (and
+    warns when it is given), 0.12 has none."""
+    idx = inspect.signature(mosaic_gpu().load).parameters.get("idx")
+    return idx is not None and idx.default is inspect.Parameter.empty
+
+
+def mosaic_gpu_load(ref, layout):
+    """The whole SMEM ``ref`` as a register array in ``layout`` (``plgpu.load``), on every JAX since 0.10."""
+    return mosaic_gpu().load(ref, (), layout=layout) if _load_takes_index() else mosaic_gpu().load(ref, layout=layout)
 
 
 def gpu_interpret_params(*, detect_races: bool = True):

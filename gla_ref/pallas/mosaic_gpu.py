@@ -241,7 +241,7 @@ class _Ops:
         self.copy_transposed = self.interpret and not _compat.gpu_interpreter_reads_transposed_refs()
 
     def load(self, ref, layout):
-        return ref[...] if self.interpret else self.mgpu.load(ref, (), layout=layout)
+        return ref[...] if self.interpret else _compat.mosaic_gpu_load(ref, layout)
 
     def cast(self, x, layout):
         return x if self.interpret else self.mgpu.layout_cast(x, layout)
