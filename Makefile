@@ -14,7 +14,7 @@ NOTEBOOKS_MD := $(sort $(wildcard notebooks/[0-9][0-9]_*.md))
 NOTEBOOKS := $(NOTEBOOKS_MD:.md=.ipynb)
 JOBS ?= 2
 
-.PHONY: test unit nbval reader book book-build site-check notebooks browser bench clean
+.PHONY: test unit jax-latest nbval reader book book-build site-check notebooks browser bench clean
 
 # ---- environment -----------------------------------------------------------------------------
 $(STAMP): pyproject.toml
@@ -25,6 +25,40 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 	touch $@
 
+# ---- the second environment, for `make jax-latest` ---------------------------------------------
+# $(VENV) gets the jax of $(PYTHON); Python 3.11 gets no jax newer than 0.10, but readers on Colab have
+# Python 3.12 and jax >= 0.11 (which, for one, prints the replica groups of compiled HLO differently).
+# So the tests that need only jax run again, in $(JAX_LATEST_VENV), built from a Python >= 3.12 with the
+# newest jax pip finds and without torch or Triton. PYTHON_JAX_LATEST names that Python; left empty, the
+# first of these that runs and is >= 3.12 is taken (pyenv's shims are on PATH but fail for a version
+# that is not selected, so each is tried, not just looked up). Delete $(JAX_LATEST_VENV) to move to a newer jax.
+PYTHON_JAX_LATEST ?=
+JAX_LATEST_CANDIDATES = python3.13 python3.12 $(sort $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python)) \
+	$(sort $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python))
+JAX_LATEST_VENV ?= .venv-jax-latest
+JAX_LATEST_PY := $(JAX_LATEST_VENV)/bin/python
+JAX_LATEST_STAMP := $(JAX_LATEST_VENV)/.installed
+JAX_LATEST_SPEC ?= jax>=0.11
+# The test files that import only jax, numpy, matplotlib and gla_ref (every other file imports torch or Triton):
+#   test_jax_ref.py                  the four jax_ref forms against the float64 recurrence, gradients, x64
+#   test_pallas.py                   the Pallas kernels (interpreter) against jax_ref, gradients, gate rules
+#   test_pallas_first_kernel.py      chapter 5's first kernel, and its lowering for GPU
+#   test_pallas_mosaic_gpu.py        the Mosaic GPU launcher in jax's Mosaic GPU interpreter (jax-internal API)
+#   test_pallas_tpu_lowering.py      lowering for TPU (Mosaic) and GPU (Triton) without the device
+#   test_sequence_parallel_jax.py    shard_map over 8 CPU devices and the collectives of its compiled HLO
+JAX_LATEST_TESTS = tests/test_jax_ref.py tests/test_pallas.py tests/test_pallas_first_kernel.py \
+	tests/test_pallas_mosaic_gpu.py tests/test_pallas_tpu_lowering.py tests/test_sequence_parallel_jax.py
+
+$(JAX_LATEST_STAMP): pyproject.toml
+	@py=; for c in $(or $(PYTHON_JAX_LATEST),$(JAX_LATEST_CANDIDATES)); do \
+	  if "$$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then py="$$c"; break; fi; done; \
+	if [ -z "$$py" ]; then echo "make jax-latest needs Python 3.12 or newer, and none of these runs as one:" \
+	  "$(strip $(or $(PYTHON_JAX_LATEST),$(JAX_LATEST_CANDIDATES)))." \
+	  "Install one (e.g. pyenv install 3.12) and name it: make PYTHON_JAX_LATEST=/path/to/python3.12 ..."; exit 1; fi; \
+	echo "creating $(JAX_LATEST_VENV) from $$py"; rm -rf $(JAX_LATEST_VENV) && "$$py" -m venv $(JAX_LATEST_VENV)
+	$(JAX_LATEST_PY) -m pip install -q -e ".[jax]" "$(JAX_LATEST_SPEC)" "pytest>=8" "pytest-xdist>=3.5"
+	touch $@
+
 # A real headless browser for the rendered-book check (Debian/Ubuntu: chromium + chromedriver).
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
@@ -32,10 +66,12 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	  else echo "make test needs chromium and chromedriver on PATH (e.g. apt-get install chromium chromium-driver)"; exit 1; fi; }
 
-# ---- make test: unit tests, nbval over every notebook, the reader's test (the wheel in a fresh
-# environment, every notebook executed outside the repository), the book from stored outputs, browser check
+# ---- make test: unit tests, the jax-only tests again under the newest jax (make jax-latest), nbval over
+# every notebook, the reader's test (the wheel in a fresh environment, every notebook executed outside the
+# repository), the book from stored outputs, browser check
 test: $(STAMP) browser
 	$(PY) -m pytest tests --ignore=tests/site --ignore=tests/reader -n $(JOBS) -q
+	$(MAKE) jax-latest
 	$(PY) -m pytest --nbval-lax $(NOTEBOOKS) -q
 	$(MAKE) reader
 	$(MAKE) book-build
@@ -43,6 +79,14 @@ test: $(STAMP) browser
 
 unit: $(STAMP)
 	$(PY) -m pytest tests --ignore=tests/site --ignore=tests/reader -n $(JOBS) -q
+
+# The jax-only tests under the newest jax (the second environment above); torch and Triton must be absent there.
+jax-latest: $(JAX_LATEST_STAMP)
+	@$(JAX_LATEST_PY) -c "import importlib.util, sys, jax; \
+	found = [m for m in ('torch', 'triton') if importlib.util.find_spec(m)]; \
+	found and sys.exit(f'{found} installed in $(JAX_LATEST_VENV), which must show that these tests need neither'); \
+	print('jax-latest: jax', jax.__version__, 'on Python', sys.version.split()[0])"
+	$(JAX_LATEST_PY) -m pytest $(JAX_LATEST_TESTS) -n $(JOBS) -q
 
 reader: $(STAMP)
 	TORCH_SPEC="$(TORCH_SPEC)" PIP_TORCH_ARGS="$(PIP_TORCH_ARGS)" $(PY) -m pytest tests/reader -q -p no:xdist

@@ -3,7 +3,8 @@ devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set before jax is i
 
 Usage: ``python _sp_jax_worker.py CASES_JSON``. Prints one JSON line mapping each case id to what
 it measured: relative RMSEs (``[vs jax_ref.chunk_gla, vs the float64 recurrence]`` per tensor)
-and the collective ops of the compiled program, or the error a bad call raised.
+and the collective ops of the compiled program (as a regular expression here finds them, and as
+``gla_ref.sequence_parallel.costs`` reads them), or the error a bad call raised.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from recurrence64 import recurrence64, recurrence64_grads  # noqa: E402
 
 from gla_ref import jax_ref  # noqa: E402
+from gla_ref.sequence_parallel import costs  # noqa: E402
 from gla_ref.sequence_parallel.jax import chunk_gla  # noqa: E402
 from gla_ref.testing import as_jax, random_inputs, rel_rmse  # noqa: E402
 
@@ -35,6 +37,17 @@ def collectives(hlo):
     """``[kind, operand shape]`` for every array a collective op of compiled HLO moves (an op on a
     tuple counts once per element)."""
     return [[kind, shape] for result, kind in COLLECTIVE.findall(hlo) for shape in ARRAY.findall(result)]
+
+
+def read_by_costs(hlo):
+    """What ``costs.hlo_collectives`` (chapter 9 counts bytes with it) reads from the same HLO: per op
+    ``[kind, operand shapes, replica groups, (source, target) pairs]``, or the error it raised."""
+    try:
+        ops = costs.hlo_collectives(hlo)
+    except ValueError as err:
+        return {"error": str(err)}
+    return {"ops": [[op["kind"], [f"{t}[{','.join(map(str, dims))}]" for t, dims in op["shapes"]],
+                     op.get("groups"), op.get("pairs")] for op in ops]}
 
 
 def make_mesh(axes):
@@ -107,7 +120,7 @@ def accuracy(case):
               "final_state": [rel_rmse(S_ref, S), rel_rmse(S64, S)]}
     for name, d in grads.items():
         errors["d" + name] = [rel_rmse(ref[name], d), rel_rmse(grads64[name], d)]
-    return {"errors": errors, "dtype": str(o.dtype), "collectives": collectives(hlo)}
+    return {"errors": errors, "dtype": str(o.dtype), "collectives": collectives(hlo), "costs": read_by_costs(hlo)}
 
 
 def bad_call(case):

@@ -8,11 +8,13 @@ import sys
 
 import pytest
 
-from gla_ref.device import use_triton_interpreter
+from gla_ref.device import has_triton, use_triton_interpreter
 
 # Without CUDA, Triton must be in interpreter mode before anything imports it (torch's FLOP
 # counter does, in tests/test_bench_models.py), or its library functions cannot be interpreted.
-use_triton_interpreter()
+# `make jax-latest` runs the jax-only tests in an environment without torch and Triton.
+if has_triton():
+    use_triton_interpreter()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -106,6 +106,32 @@ def test_communication_is_one_state_per_hop(worker, cid):
     assert sorted(ops) == sorted(expected)
 
 
+def _seq_rows(case):
+    """The devices of each row of the mesh along "seq" (the worker's mesh numbers devices in row-major order)."""
+    names, sizes = zip(*case["mesh"])
+    ids = np.arange(int(np.prod(sizes))).reshape(sizes)
+    return sorted(np.moveaxis(ids, names.index("seq"), -1).reshape(-1, dict(case["mesh"])["seq"]).tolist())
+
+
+@pytest.mark.parametrize("cid", ACCURACY)
+def test_costs_reads_the_compiled_collectives(worker, cid):
+    """gla_ref.sequence_parallel.costs reads this jax's compiled HLO (chapter 9 counts bytes with it; jax 0.10
+    lists replica groups, jax 0.11 names the mesh axes, and `make jax-latest` runs this under the newest jax):
+    the same ops as the test above finds, every all-reduce over the rows of the mesh along "seq", every
+    permute between two devices of one row."""
+    case, result = ACCURACY[cid], worker["results"][cid]
+    assert "error" not in result["costs"], result["costs"]["error"]
+    ops = result["costs"]["ops"]
+    assert sorted([kind, shape] for kind, shapes, _, _ in ops for shape in shapes) == sorted(result["collectives"])
+    rows = _seq_rows(case)
+    everyone = [sorted(d for row in rows for d in row)]  # groups None (replica_groups={}): every device
+    for kind, _, groups, pairs in ops:
+        if kind == "all-reduce":
+            assert (sorted(sorted(g) for g in groups) if groups else everyone) == rows, groups
+        else:
+            assert pairs and all(any({s, t} <= set(row) for row in rows) for s, t in pairs), pairs
+
+
 @pytest.mark.parametrize("cid", BAD)
 def test_bad_split_is_a_value_error(worker, cid):
     kind, message = worker["results"][cid]
