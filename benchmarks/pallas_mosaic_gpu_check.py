@@ -161,11 +161,11 @@ KERNEL_STEPS = ("state_fwd", "chunk_fwd_o", "state_bwd", "chunk_bwd")
 backward state_fwd again, state_bwd, chunk_bwd), each timed alone by ``--kernels``."""
 
 
-def kernel_rows(T, K, rows, save):
+def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_STEPS):
     """One row per (launcher, kernel) of the non-fused ``chunk_gla`` at B=8, H=16, K=V=``K``, bf16: each
     kernel jitted alone on the inputs the custom VJP gives it (kernel layout ``[B, H, T, D]``, the
     chunk-local cumulative gates), so the time of a step is read per kernel, not guessed from the total.
-    Appends to ``rows``, calling ``save()`` after each."""
+    Appends to ``rows``, calling ``save()`` after each; ``launchers`` and ``steps`` select the rows."""
     import functools
 
     import jax
@@ -181,17 +181,19 @@ def kernel_rows(T, K, rows, save):
     b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"])
     C, scale = p["chunk"], K ** -0.5
     for name, L in (("mosaic_gpu", mosaic_gpu), ("gpu", gpu)):
+        if name not in launchers:
+            continue
         kw = {"chunk": C, "interpret": False}
         h = jax.jit(functools.partial(L.state_fwd, want_final=False, **kw))(kp, vp, b, None)[0]
         dso = jax.jit(functools.partial(L.state_bwd, scale=scale, want_dh0=False, **kw))(qp, b, dop, None)[0]
-        steps = {
+        kernel_steps = {
             "state_fwd": (functools.partial(L.state_fwd, want_final=False, **kw), (kp, vp, b, None)),
             "chunk_fwd_o": (functools.partial(L.chunk_fwd_o, scale=scale, **kw), (qp, kp, vp, b, h)),
             "state_bwd": (functools.partial(L.state_bwd, scale=scale, want_dh0=False, **kw), (qp, b, dop, None)),
             "chunk_bwd": (functools.partial(L.chunk_bwd, scale=scale, **kw), (qp, kp, vp, b, dop, h, dso)),
         }
-        for step in KERNEL_STEPS:
-            fn, args = steps[step]
+        for step in steps:
+            fn, args = kernel_steps[step]
             row = {"T": T, "K": K, "V": K, "launcher": name, "kernel": step}
             try:
                 t = bench.time_jax(jax.jit(fn), *args, warmup=p["warmup"], rep=p["rep"])
@@ -203,6 +205,53 @@ def kernel_rows(T, K, rows, save):
             print(row, flush=True)
 
 
+def glue_rows(T, K, rows, save):
+    """The forward of ``chunk_gla`` on the Mosaic GPU launcher cut into its parts, one process, B=8, H=16,
+    K=V=``K``, bf16: the whole forward, its two kernels alone, and alone the XLA work around them that
+    :func:`gla_ref.pallas.chunk.run` does (q, k, v, g to the kernel layout ``[B, H, T, D]``, g to float32,
+    the chunk-local cumulative gates, o back to ``[B, T, H, V]``), and each of those three parts alone, beside
+    ``gla_ref.triton.chunk_gla``'s forward. Appends to ``rows``, calling ``save()`` after each."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from pallas_harness import _pallas_bench_inputs
+
+    from gla_ref.pallas import chunk as pchunk
+
+    p = TIMING
+    q, k, v, g, _ = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
+
+    def inputs(q, k, v):  # q, k, v to the kernel layout (T a multiple of the chunk: no padding)
+        return tuple(pchunk._to_kernel_layout(x, T, K) for x in (q, k, v))
+
+    def gates(g):  # g to the chunk-local cumulative gates b, float32, in the kernel layout
+        return pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"])
+
+    def output(o):  # o back from the kernel layout (a kernel-layout v stands in for it)
+        return jnp.swapaxes(o, 1, 2)
+
+    o_kernel = jax.block_until_ready(jnp.swapaxes(v, 1, 2))
+    parts = {"glue": (lambda q, k, v, g, o: (inputs(q, k, v), gates(g), output(o)), (q, k, v, g, o_kernel)),
+             "glue: q, k, v to the kernel layout": (inputs, (q, k, v)),
+             "glue: g to b": (gates, (g,)), "glue: o back": (output, (o_kernel,))}
+
+    def timed_part(name):
+        fn, args = parts[name]
+        return bench.time_jax(jax.jit(fn), *args, warmup=p["warmup"], rep=p["rep"])
+
+    timings = [("pallas chunk_gla mosaic_gpu fwd", lambda: _time_pallas("pallas chunk_gla mosaic_gpu", "fwd", T, K)),
+               ("triton chunk_gla fwd", lambda: _time_triton("triton chunk_gla", "fwd", T, K))]
+    for name, timed in timings + [(name, functools.partial(timed_part, name)) for name in parts]:
+        row = {"T": T, "K": K, "V": K, "name": name}
+        t = timed()
+        row.update({key: t[key] for key in ("compile_ms", "median_ms", "p20_ms", "p80_ms")})
+        rows.append(row)
+        save()
+        print(row, flush=True)
+    kernel_rows(T, K, rows, save, launchers=("mosaic_gpu",), steps=("state_fwd", "chunk_fwd_o"))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--T", type=int, nargs="+", default=[4096, 8192, 16384], help="timing lengths")
@@ -211,6 +260,8 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="interpreter accuracy at T=80 only, no timing")
     parser.add_argument("--kernels", action="store_true",
                         help="instead: time each kernel of the non-fused path alone (both launchers, K=V=128 and 64, the first T)")
+    parser.add_argument("--glue", action="store_true",
+                        help="instead: the Mosaic GPU forward cut into its kernels and the XLA work around them (K=V=128)")
     parser.add_argument("--cases", nargs="+", choices=sorted({name for name, _ in CASES}),
                         help="time only these cases (default all)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS,
@@ -238,6 +289,10 @@ def main(argv=None):
     if args.smoke:
         with jax.default_device(jax.devices("cpu")[0]):
             result["accuracy"] = accuracy_rows([80], smoke=True)
+    elif args.glue:
+        result["glue"] = []
+        for T in args.T:
+            glue_rows(T, 128, result["glue"], save)
     elif args.kernels:
         for K in (128, 64):
             kernel_rows(args.T[0], K, result["kernels"], save)
