@@ -532,3 +532,31 @@ def test_benchmark_script_gates_and_the_triton_scalar_case(monkeypatch):
     for mode in ("fwd", "fwd+bwd"):
         row = script._time_triton("triton chunk_simple_gla g", mode, 32, 16)
         assert row["median_ms"] > 0 and row["compile_ms"] > 0
+
+
+def test_benchmark_glue_rows_time_what_run_does_around_the_kernels(monkeypatch):
+    """``--glue`` (benchmarks/pallas_mosaic_gpu_check.py) times the forward, Triton's forward, the XLA work of
+    gla_ref.pallas.chunk.run around the kernels and each of its parts, then the two kernels: here with the two
+    forwards and the kernel rows stubbed (they need the GPU), the glue jitted on the CPU at a tiny shape. Its
+    parts give the arrays the kernels take: the kernel layout, and the chunk-local sums of the gates."""
+    from bench_scripts import load_script
+
+    from gla_ref.pallas import chunk as pchunk
+
+    script = load_script("pallas_mosaic_gpu_check")
+    monkeypatch.setattr(script, "TIMING", {**script.TIMING, "B": 1, "H": 2, "warmup": 0, "rep": 1})
+    stub = {"compile_ms": 0.0, "median_ms": 0.0, "p20_ms": 0.0, "p80_ms": 0.0}
+    monkeypatch.setattr(script, "_time_pallas", lambda *a: stub)
+    monkeypatch.setattr(script, "_time_triton", lambda *a: stub)
+    kernels = []
+    monkeypatch.setattr(script, "kernel_rows", lambda T, K, rows, save, **kw: kernels.append((T, K, kw)))
+    rows, saves = [], []
+    script.glue_rows(128, 64, rows, lambda: saves.append(len(rows)))
+    assert [r["name"] for r in rows] == ["pallas chunk_gla mosaic_gpu fwd", "triton chunk_gla fwd", "glue",
+                                         "glue: q, k, v to the kernel layout", "glue: g to b", "glue: o back"]
+    assert saves == list(range(1, 7)) and all(r["median_ms"] > 0 for r in rows[2:])
+    assert kernels == [(128, 64, {"launchers": ("mosaic_gpu",), "steps": ("state_fwd", "chunk_fwd_o")})]
+    g = jnp.log(jax.nn.sigmoid(jax.random.normal(jax.random.key(0), (1, 128, 2, 64))))
+    b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, 128, 64, jnp.float32), 64)
+    expect = np.cumsum(np.swapaxes(np.asarray(g), 1, 2).reshape(1, 2, 2, 64, 64), axis=3).reshape(1, 2, 128, 64)
+    np.testing.assert_allclose(np.asarray(b), expect, rtol=1e-5, atol=1e-5)
