@@ -163,7 +163,8 @@ backward state_fwd again, state_bwd, chunk_bwd), each timed alone by ``--kernels
 
 def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_STEPS):
     """One row per (launcher, kernel) of the non-fused ``chunk_gla`` at B=8, H=16, K=V=``K``, bf16: each
-    kernel jitted alone on the inputs the custom VJP gives it (kernel layout ``[B, H, T, D]``, the
+    kernel jitted alone on the inputs the custom VJP gives it (q, k, v, dO in the launcher's layout: ``[B, T, H, D]``
+    for Mosaic GPU, its ``TOKEN_MAJOR``, the kernel layout ``[B, H, T, D]`` for the Triton backend; the
     chunk-local cumulative gates), so the time of a step is read per kernel, not guessed from the total.
     Appends to ``rows``, calling ``save()`` after each; ``launchers`` and ``steps`` select the rows."""
     import functools
@@ -177,13 +178,14 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
 
     p = TIMING
     q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
-    qp, kp, vp, dop = (pchunk._to_kernel_layout(x, T, K) for x in (q, k, v, do))
-    b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"])
+    kernel_layout = tuple(pchunk._to_kernel_layout(x, T, K) for x in (q, k, v, do))
+    b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"], mosaic_gpu)
     C, scale = p["chunk"], K ** -0.5
     for name, L in (("mosaic_gpu", mosaic_gpu), ("gpu", gpu)):
         if name not in launchers:
             continue
         kw = {"chunk": C, "interpret": False}
+        qp, kp, vp, dop = (q, k, v, do) if getattr(L, "TOKEN_MAJOR", False) else kernel_layout
         h = jax.jit(functools.partial(L.state_fwd, want_final=False, **kw))(kp, vp, b, None)[0]
         dso = jax.jit(functools.partial(L.state_bwd, scale=scale, want_dh0=False, **kw))(qp, b, dop, None)[0]
         kernel_steps = {
@@ -207,42 +209,27 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
 
 def glue_rows(T, K, rows, save):
     """The forward of ``chunk_gla`` on the Mosaic GPU launcher cut into its parts, one process, B=8, H=16,
-    K=V=``K``, bf16: the whole forward, its two kernels alone, and alone the XLA work around them that
-    :func:`gla_ref.pallas.chunk.run` does (q, k, v, g to the kernel layout ``[B, H, T, D]``, g to float32,
-    the chunk-local cumulative gates, o back to ``[B, T, H, V]``), and each of those three parts alone, beside
-    ``gla_ref.triton.chunk_gla``'s forward. Appends to ``rows``, calling ``save()`` after each."""
-    import functools
-
+    K=V=``K``, bf16: the whole forward, its two kernels alone, and alone the XLA work that
+    :func:`gla_ref.pallas.chunk.run` does around them, beside ``gla_ref.triton.chunk_gla``'s forward. The launcher
+    reads q, k, v and writes o in their own ``[B, T, H, D]`` (``TOKEN_MAJOR``), so that work is the gates': g to
+    float32, the chunk-local cumulative sums b, in the kernel layout ``[B, H, T, K]``. Appends to ``rows``,
+    calling ``save()`` after each."""
     import jax
     import jax.numpy as jnp
     from pallas_harness import _pallas_bench_inputs
 
     from gla_ref.pallas import chunk as pchunk
+    from gla_ref.pallas import mosaic_gpu
 
     p = TIMING
-    q, k, v, g, _ = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
-
-    def inputs(q, k, v):  # q, k, v to the kernel layout (T a multiple of the chunk: no padding)
-        return tuple(pchunk._to_kernel_layout(x, T, K) for x in (q, k, v))
+    _, _, _, g, _ = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
 
     def gates(g):  # g to the chunk-local cumulative gates b, float32, in the kernel layout
-        return pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"])
+        return pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"], mosaic_gpu)
 
-    def output(o):  # o back from the kernel layout (a kernel-layout v stands in for it)
-        return jnp.swapaxes(o, 1, 2)
-
-    o_kernel = jax.block_until_ready(jnp.swapaxes(v, 1, 2))
-    parts = {"glue": (lambda q, k, v, g, o: (inputs(q, k, v), gates(g), output(o)), (q, k, v, g, o_kernel)),
-             "glue: q, k, v to the kernel layout": (inputs, (q, k, v)),
-             "glue: g to b": (gates, (g,)), "glue: o back": (output, (o_kernel,))}
-
-    def timed_part(name):
-        fn, args = parts[name]
-        return bench.time_jax(jax.jit(fn), *args, warmup=p["warmup"], rep=p["rep"])
-
-    timings = [("pallas chunk_gla mosaic_gpu fwd", lambda: _time_pallas("pallas chunk_gla mosaic_gpu", "fwd", T, K)),
-               ("triton chunk_gla fwd", lambda: _time_triton("triton chunk_gla", "fwd", T, K))]
-    for name, timed in timings + [(name, functools.partial(timed_part, name)) for name in parts]:
+    for name, timed in (("pallas chunk_gla mosaic_gpu fwd", lambda: _time_pallas("pallas chunk_gla mosaic_gpu", "fwd", T, K)),
+                        ("triton chunk_gla fwd", lambda: _time_triton("triton chunk_gla", "fwd", T, K)),
+                        ("glue: g to b", lambda: bench.time_jax(jax.jit(gates), g, warmup=p["warmup"], rep=p["rep"]))):
         row = {"T": T, "K": K, "V": K, "name": name}
         t = timed()
         row.update({key: t[key] for key in ("compile_ms", "median_ms", "p20_ms", "p80_ms")})

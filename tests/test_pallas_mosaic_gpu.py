@@ -103,20 +103,31 @@ def test_kernels_match_the_triton_backend_kernels():
     def exact(L):
         return {"exact": True} if L is mgpu_launcher else {}
 
+    tokens = {"q": q, "k": k, "v": v, "do": do}
+    mosaic_tokens = {name: _tokens(x) for name, x in tokens.items()}
+    token_outputs = {"chunk_fwd_o": (0,), "chunk_bwd": (2,), "fused_fwd": (0,), "fused_bwd": (2,)}  # o, dv
+
+    def inputs(L):  # the Mosaic GPU launcher reads q, k, v, dO as [B, T, H, D] (its TOKEN_MAJOR)
+        return mosaic_tokens if L is mgpu_launcher else tokens
+
     calls = {
-        "state_fwd": lambda L, i: L.state_fwd(k, v, b, h0, chunk=C, want_final=True, interpret=i),
-        "state_bwd": lambda L, i: L.state_bwd(q, b, do, h0, chunk=C, scale=0.25, want_dh0=True, interpret=i),
-        "chunk_fwd_o": lambda L, i: (L.chunk_fwd_o(q, k, v, b, hs, chunk=C, scale=0.25, interpret=i, **exact(L)),),
-        "chunk_bwd": lambda L, i: L.chunk_bwd(q, k, v, b, do, hs, dso, chunk=C, scale=0.25, interpret=i, **exact(L)),
-        "fused_fwd": lambda L, i: L.fused_fwd(q, k, v, b, h0, chunk=C, scale=0.25, want_final=True, interpret=i,
-                                              **exact(L)),
-        "fused_bwd": lambda L, i: L.fused_bwd(q, k, v, b, do, h0, h0, chunk=C, scale=0.25, want_dh0=True,
-                                              interpret=i, **exact(L)),
+        "state_fwd": lambda L, i, x: L.state_fwd(x["k"], x["v"], b, h0, chunk=C, want_final=True, interpret=i),
+        "state_bwd": lambda L, i, x: L.state_bwd(x["q"], b, x["do"], h0, chunk=C, scale=0.25, want_dh0=True,
+                                                 interpret=i),
+        "chunk_fwd_o": lambda L, i, x: (L.chunk_fwd_o(x["q"], x["k"], x["v"], b, hs, chunk=C, scale=0.25, interpret=i,
+                                                      **exact(L)),),
+        "chunk_bwd": lambda L, i, x: L.chunk_bwd(x["q"], x["k"], x["v"], b, x["do"], hs, dso, chunk=C, scale=0.25,
+                                                 interpret=i, **exact(L)),
+        "fused_fwd": lambda L, i, x: L.fused_fwd(x["q"], x["k"], x["v"], b, h0, chunk=C, scale=0.25, want_final=True,
+                                                 interpret=i, **exact(L)),
+        "fused_bwd": lambda L, i, x: L.fused_bwd(x["q"], x["k"], x["v"], b, x["do"], h0, h0, chunk=C, scale=0.25,
+                                                 want_dh0=True, interpret=i, **exact(L)),
     }
     for name, call in calls.items():
         with _interpreter() as params:
-            mosaic = call(mgpu_launcher, params)
-        triton = call(gpu, True)
+            mosaic = call(mgpu_launcher, params, inputs(mgpu_launcher))
+        mosaic = [_tokens(x) if i in token_outputs.get(name, ()) else x for i, x in enumerate(mosaic)]
+        triton = call(gpu, True, inputs(gpu))
         for i, (out, ref) in enumerate(zip(mosaic, triton)):
             assert out.shape == ref.shape and out.dtype == ref.dtype, (name, i)
             # float32 sums of a different order (one wgmma over the chunk against 16-row tiles), rounded to bf16
@@ -180,9 +191,16 @@ def test_whole_chunk_form_against_float64(variant, shape):
                       **shape)
 
 
+def _tokens(x):
+    """A ``[B, H, T, D]`` array in the Mosaic GPU launcher's layout for q, k, v, dO, o and dv, ``[B, T, H, D]``
+    (``mosaic_gpu.TOKEN_MAJOR``); also the way back."""
+    return jnp.swapaxes(x, 1, 2)
+
+
 def _output_case(K, gates, seed=5, T=128):
-    """``T / 64`` chunks of ``chunk_fwd_o``'s inputs (kernel layout, one value block) with the log-gates ``gates(rng,
-    shape)``, and the float64 output's two terms, inter-chunk ``(Q ⊙ e^{b}) S`` and intra-chunk ``A V``."""
+    """``T / 64`` chunks of ``chunk_fwd_o``'s inputs (q, k, v in the launcher's ``[B, T, H, D]``, b and the states
+    ``[B, H, …]``; one value block) with the log-gates ``gates(rng, shape)``, and the float64 output's two terms,
+    inter-chunk ``(Q ⊙ e^{b}) S`` and intra-chunk ``A V``."""
     rng = np.random.default_rng(seed)
     B, H, V, C = 1, 1, 64, 64
     q, k = (jnp.asarray(rng.standard_normal((B, H, T, K)), bf16) for _ in range(2))
@@ -195,7 +213,7 @@ def _output_case(K, gates, seed=5, T=128):
         r = slice(n * C, n * C + C)
         A = np.tril(np.einsum("id,jd,ijd->ij", qf[r], kf[r], np.exp(bf[r][:, None] - bf[r][None])))
         inter[r], intra[r] = (qf[r] * np.exp(bf[r])) @ hf[n].T, A @ vf[r]
-    return (q, k, v, b, hs), inter, intra
+    return (_tokens(q), _tokens(k), _tokens(v), b, hs), inter, intra
 
 
 @pytest.mark.parametrize("K", [64, 128])
@@ -218,7 +236,7 @@ def test_output_forms_fit_the_float64_scores(K):
     for form in ({"whole_chunk": True}, {"exact": False}, {"exact": True}):
         with _interpreter() as params:
             o = mgpu_launcher.chunk_fwd_o(*args, chunk=64, scale=0.25, interpret=params, **form)
-        o = np.asarray(o, np.float64)[0, 0] / 0.25
+        o = np.asarray(o, np.float64)[0, :, 0] / 0.25
         err = np.linalg.norm(o - inter - intra) / np.linalg.norm(inter + intra)
         fit = np.sum((o - inter) * intra) / np.sum(intra * intra)
         assert err < 5e-3 and abs(fit - 1) < 4e-4, (form, err, fit)
@@ -292,7 +310,8 @@ def test_gate_gradient_of_the_matmul_forms_cancels_as_float64(form, tau, K):
     assert whole == (form == "whole_chunk") and bool(mgpu_launcher.gentle_gates(b))
     hs = dso = jnp.zeros((B, H, T // C, V, K), jnp.float32)
     with _interpreter() as params:
-        dq, dk, _, dg = mgpu_launcher.chunk_bwd(q, k, v, b, do, hs, dso, chunk=C, scale=0.25, interpret=params)
+        dq, dk, _, dg = mgpu_launcher.chunk_bwd(*map(_tokens, (q, k, v)), b, _tokens(do), hs, dso, chunk=C,
+                                                scale=0.25, interpret=params)
     for name, out, ref in zip(("dq", "dk", "dg"), (dq, dk, dg), _intra_chunk_grads_float64(q, k, v, b, do, 0.25)):
         out = np.asarray(out, np.float64)[0, 0, 0]
         err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
@@ -477,8 +496,8 @@ def test_whole_chunk_gradient_kernel_lowers_for_cuda(K):
     pass Mosaic GPU's own lowering."""
     sds = jax.ShapeDtypeStruct
     B, H, T, V, C = 1, 2, 256, 128, 64
-    args = (sds((B, H, T, K), bf16), sds((B, H, T, K), bf16), sds((B, H, T, V), bf16),
-            sds((B, H, T, K), jnp.float32), sds((B, H, T, V), bf16),
+    args = (sds((B, T, H, K), bf16), sds((B, T, H, K), bf16), sds((B, T, H, V), bf16),  # q, k, v: token-major
+            sds((B, H, T, K), jnp.float32), sds((B, T, H, V), bf16),                       # b, do
             sds((B, H, T // C, V, K), jnp.float32), sds((B, H, T // C, V, K), jnp.float32))
 
     def grads(*a):
@@ -535,13 +554,15 @@ def test_benchmark_script_gates_and_the_triton_scalar_case(monkeypatch):
 
 
 def test_benchmark_glue_rows_time_what_run_does_around_the_kernels(monkeypatch):
-    """``--glue`` (benchmarks/pallas_mosaic_gpu_check.py) times the forward, Triton's forward, the XLA work of
-    gla_ref.pallas.chunk.run around the kernels and each of its parts, then the two kernels: here with the two
-    forwards and the kernel rows stubbed (they need the GPU), the glue jitted on the CPU at a tiny shape. Its
-    parts give the arrays the kernels take: the kernel layout, and the chunk-local sums of the gates."""
+    """``--glue`` (benchmarks/pallas_mosaic_gpu_check.py) times the forward, Triton's forward and the XLA work of
+    gla_ref.pallas.chunk.run around the Mosaic GPU kernels (the gates' sums: q, k, v and o keep their layout), then
+    the two kernels: here with the two forwards and the kernel rows stubbed (they need the GPU), the gates' step
+    jitted on the CPU at a tiny shape. That step gives the chunk-local sums, by the GPU launchers' scan, and a NaN
+    gate makes its column NaN in every row of its chunk, as the TPU launcher's matmul does."""
     from bench_scripts import load_script
 
     from gla_ref.pallas import chunk as pchunk
+    from gla_ref.pallas import tpu
 
     script = load_script("pallas_mosaic_gpu_check")
     monkeypatch.setattr(script, "TIMING", {**script.TIMING, "B": 1, "H": 2, "warmup": 0, "rep": 1})
@@ -552,11 +573,15 @@ def test_benchmark_glue_rows_time_what_run_does_around_the_kernels(monkeypatch):
     monkeypatch.setattr(script, "kernel_rows", lambda T, K, rows, save, **kw: kernels.append((T, K, kw)))
     rows, saves = [], []
     script.glue_rows(128, 64, rows, lambda: saves.append(len(rows)))
-    assert [r["name"] for r in rows] == ["pallas chunk_gla mosaic_gpu fwd", "triton chunk_gla fwd", "glue",
-                                         "glue: q, k, v to the kernel layout", "glue: g to b", "glue: o back"]
-    assert saves == list(range(1, 7)) and all(r["median_ms"] > 0 for r in rows[2:])
+    assert [r["name"] for r in rows] == ["pallas chunk_gla mosaic_gpu fwd", "triton chunk_gla fwd", "glue: g to b"]
+    assert saves == [1, 2, 3] and rows[2]["median_ms"] > 0
     assert kernels == [(128, 64, {"launchers": ("mosaic_gpu",), "steps": ("state_fwd", "chunk_fwd_o")})]
     g = jnp.log(jax.nn.sigmoid(jax.random.normal(jax.random.key(0), (1, 128, 2, 64))))
-    b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, 128, 64, jnp.float32), 64)
     expect = np.cumsum(np.swapaxes(np.asarray(g), 1, 2).reshape(1, 2, 2, 64, 64), axis=3).reshape(1, 2, 128, 64)
-    np.testing.assert_allclose(np.asarray(b), expect, rtol=1e-5, atol=1e-5)
+    bad = g.at[0, 70, 0, 3].set(jnp.nan)
+    for launcher in (mgpu_launcher, tpu):  # the scan, the matmul
+        b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, 128, 64, jnp.float32), 64, launcher)
+        np.testing.assert_allclose(np.asarray(b), expect, rtol=1e-5, atol=1e-5)
+        nan = np.isnan(np.asarray(pchunk._local_cumsum(pchunk._to_kernel_layout(bad, 128, 64, jnp.float32), 64,
+                                                       launcher)))
+        assert nan[0, 0, 64:, 3].all() and nan.sum() == 64, launcher.__name__

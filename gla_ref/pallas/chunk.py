@@ -2,7 +2,8 @@
 
 Forward (paper §3.3 "with materialisation", Alg. 3):
 
-1. ``b``: the chunk-local cumulative log-gate (float32, a matmul by a triangle of ones in XLA);
+1. ``b``: the chunk-local cumulative log-gate (float32, in XLA: a scan on GPUs, a matmul by a triangle of ones
+   on TPU, :func:`_triangular_sum`);
 2. a *state kernel* runs over the chunks in order and writes the state entering each chunk,
    ``h`` (held transposed, ``[B, H, N, V, K]``) and the final state;
 3. an *output kernel*, parallel over chunks, computes each chunk's output from its ``h`` and
@@ -29,6 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.lax import Precision
 
 from gla_ref import device
@@ -136,30 +138,68 @@ def _to_kernel_layout(x, T_pad, D_pad, dtype=None):
     return jnp.pad(x, ((0, 0), (0, 0), (0, T_pad - x.shape[2]), (0, D_pad - x.shape[3])))
 
 
-def _triangular_sum(x, C, upper):
-    """Inclusive sums inside each chunk of ``C`` rows of ``x [B, H, T, D]`` (T a multiple of C), as one
-    matmul by a triangle of ones: lower gives ``Σ_{s ≤ t}``, upper gives ``Σ_{s ≥ t}``.
+def _padded_tokens(x, T_pad, D_pad):
+    """``[B, T, H, D]`` zero-padded to ``[B, T_pad, H, D_pad]``, for a launcher that reads q, k, v in the API's
+    layout (``TOKEN_MAJOR``); no copy at all when nothing is padded."""
+    if x.shape[1] == T_pad and x.shape[3] == D_pad:
+        return x
+    return jnp.pad(x, ((0, 0), (0, T_pad - x.shape[1]), (0, 0), (0, D_pad - x.shape[3])))
 
-    A matmul, not ``jnp.cumsum`` (a reduce-window on GPU) nor an associative scan (dozens of
-    slices and pads): XLA compiles one dot, and the float32 products by 0/1 are exact.
+
+def _token_major(plan) -> bool:
+    """Whether the plan's launcher reads q, k, v, dO and writes o, dv as ``[B, T, H, D]`` (Mosaic GPU) rather
+    than in the kernel layout ``[B, H, T, D]``; its gates, states and partials are ``[B, H, …]`` either way."""
+    return getattr(plan.launcher, "TOKEN_MAJOR", False)
+
+
+def _swapped_if_token_major(x, plan):
+    """For a token-major launcher, ``x`` with its token and head axes swapped (``[B, T, H, D]`` ↔ ``[B, H, T, D]``,
+    the swap its own inverse); for the others, ``x`` as it is."""
+    return jnp.swapaxes(x, 1, 2) if _token_major(plan) else x
+
+
+def _triangular_sum(x, C, upper, scan):
+    """Inclusive sums inside each chunk of ``C`` rows of ``x [B, H, T, D]`` (T a multiple of C): lower gives
+    ``Σ_{s ≤ t}``, upper gives ``Σ_{s ≥ t}``. A NaN anywhere in a chunk makes every row of it NaN.
+
+    ``scan`` (the GPU launchers, :func:`_sums_by_scan`): an associative scan over the chunk's rows, then the
+    chunk's total times 0 added to every row (0 for a finite total, NaN for a NaN one). Otherwise (TPU) one
+    float32 matmul by a triangle of ones, its products by 0/1 exact and its zeros carrying a NaN to every row.
+    On the H200 (jax 0.11.2, B=8, H=16, K=128) the gates' whole XLA step, layout change included, took 0.86 and
+    2.49 ms at T=4096 and 16384 with the matmul (benchmarks/results/mosaic_glue_nvidia_h200.json, ``before``) and
+    less with the scan (``after``, same file); ``jnp.cumsum`` was slower than either.
     """
     B, H, T, D = x.shape
-    ones = jnp.ones((C, C), jnp.float32)
-    tri = jnp.triu(ones) if upper else jnp.tril(ones)
-    out = jnp.einsum("ts,bhnsd->bhntd", tri, x.reshape(B, H, T // C, C, D), precision=HIGHEST)
+    x = x.reshape(B, H, T // C, C, D)
+    if scan:
+        out = lax.associative_scan(jnp.add, x, axis=3, reverse=upper)
+        total = out[:, :, :, :1] if upper else out[:, :, :, -1:]
+        out = out + 0.0 * total
+    else:
+        ones = jnp.ones((C, C), jnp.float32)
+        tri = jnp.triu(ones) if upper else jnp.tril(ones)
+        out = jnp.einsum("ts,bhnsd->bhntd", tri, x, precision=HIGHEST)
     return out.reshape(B, H, T, D)
 
 
-def _local_cumsum(g, C):
+def _sums_by_scan(launcher) -> bool:
+    """Whether ``launcher`` (a module of :data:`LAUNCHERS`) takes the chunk sums of :func:`_triangular_sum` by a
+    scan: the GPU launchers, where it measured faster; the TPU one keeps the matmul, which its MXU runs (no TPU
+    was available to time either)."""
+    return launcher is not tpu
+
+
+def _local_cumsum(g, C, launcher):
     """``b``: cumulative log-gates restarting at every chunk, float32.
 
     This is where the kernels read the gate, so an invalid one (NaN, > 0, -inf; the contract of
     :mod:`gla_ref._validate`) becomes NaN here: an elementwise select on g, which XLA can fuse
-    with the copy that lays g out for the kernels (no extra pass over g under jit). The triangle's zeros then carry that NaN to every row of its chunk (0 · NaN = NaN),
+    with the copy that lays g out for the kernels (no extra pass over g under jit). The sums then carry that NaN to every row of its chunk
+    (:func:`_triangular_sum`),
     and the state carries it to every later chunk: o from the bad token's chunk on, the final
     state and the gradients are NaN, never a finite wrong answer (jit cannot check values).
     """
-    return _triangular_sum(valid_gate(g), C, upper=False)
+    return _triangular_sum(valid_gate(g), C, upper=False, scan=_sums_by_scan(launcher))
 
 
 def valid_gate(g):
@@ -178,15 +218,16 @@ def run(q, k, v, g, initial_state, plan: Plan):
         check(q, g, plan.chunk, fused=plan.fused)
     K_pad, V_pad = plan.launcher.padded_dims(K, V)
     T_pad = -(-T // plan.chunk) * plan.chunk
-    qp, kp = (_to_kernel_layout(x, T_pad, K_pad) for x in (q, k))
-    vp = _to_kernel_layout(v, T_pad, V_pad)
+    layout = _padded_tokens if _token_major(plan) else _to_kernel_layout
+    qp, kp = (layout(x, T_pad, K_pad) for x in (q, k))
+    vp = layout(v, T_pad, V_pad)
     gp = _to_kernel_layout(g, T_pad, K_pad if g.shape[-1] == K else 1, jnp.float32)
     h0 = None
     if initial_state is not None:  # kernels hold states transposed: [B, H, V, K]
         h0 = jnp.swapaxes(initial_state.astype(jnp.float32), 2, 3)
         h0 = jnp.pad(h0, ((0, 0), (0, 0), (0, V_pad - V), (0, K_pad - K)))
     o, ht = _kernels(plan)(qp, kp, vp, gp, h0)
-    o = jnp.swapaxes(o[:, :, :T, :V], 1, 2)
+    o = o[:, :T, :, :V] if _token_major(plan) else jnp.swapaxes(o[:, :, :T, :V], 1, 2)
     return o, (jnp.swapaxes(ht[:, :, :V, :K], 2, 3) if plan.want_final else None)
 
 
@@ -212,7 +253,7 @@ def _backward(plan: Plan, q, k, v, b, h0, do, dht):
     return dq, dk, dv, dh0, dg.sum(2)
 
 
-def _fused_gate_grad(q, k, dq, dk, g, ht, dht, C, a, c, e):
+def _fused_gate_grad(q, k, dq, dk, g, ht, dht, C, a, c, e, scan):
     """The fused path's gate gradient, chunk-local like :func:`chunk_math.chunk_gate_grad`:
     ``dg_t = Σ_{s ≥ t in t's chunk} (q_s ⊙ dq_s − k_s ⊙ dk_s) + dγ`` with ``dγ = F_out + e``, where
     ``F_out = Σ_v S ⊙ dS`` at the chunk's end is ``Σ_v S_T ⊙ dS_T`` plus the later chunks' ``a − c``
@@ -227,7 +268,7 @@ def _fused_gate_grad(q, k, dq, dk, g, ht, dht, C, a, c, e):
     if dht is not None:
         final = (ht * dht).sum(-2)  # states are [B, H, V, K]: sum over V
         F = F + (final.sum(-1, keepdims=True) if Kg == 1 else final)[:, :, None, :]
-    within = _triangular_sum(dlogb, C, upper=True).reshape(B, H, N, C, Kg)
+    within = _triangular_sum(dlogb, C, upper=True, scan=scan).reshape(B, H, N, C, Kg)
     return (within + F[:, :, :, None, :]).reshape(B, H, T, Kg)
 
 
@@ -246,7 +287,7 @@ def checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size
 def _kernels(plan: Plan):
     @jax.custom_vjp
     def f(q, k, v, g, h0):
-        return _forward(plan, q, k, v, _local_cumsum(g, plan.chunk), h0)
+        return _forward(plan, q, k, v, _local_cumsum(g, plan.chunk, plan.launcher), h0)
 
     def f_fwd(q, k, v, g, h0):
         o, ht = f(q, k, v, g, h0)
@@ -256,10 +297,12 @@ def _kernels(plan: Plan):
         q, k, v, g, h0, ht = res
         do, dht = cotangents
         do = do.astype(q.dtype)
-        dq, dk, dv, dh0, dg = _backward(plan, q, k, v, _local_cumsum(g, plan.chunk), h0, do, dht)
-        dq, dk = dq.sum(2), dk.sum(2)  # partials of the value blocks
+        dq, dk, dv, dh0, dg = _backward(plan, q, k, v, _local_cumsum(g, plan.chunk, plan.launcher), h0, do, dht)
+        dq, dk = dq.sum(2), dk.sum(2)  # partials of the value blocks, [B, H, T, K]
         if plan.fused:  # no state beside its gradient in one kernel: the chunk-local form from a, c
-            dg = _fused_gate_grad(q, k, dq, dk, g, ht, dht, plan.chunk, *dg)
+            qh, kh = (_swapped_if_token_major(x, plan) for x in (q, k))  # [B, H, T, K], as dq and dk
+            dg = _fused_gate_grad(qh, kh, dq, dk, g, ht, dht, plan.chunk, *dg, scan=_sums_by_scan(plan.launcher))
+        dq, dk = (_swapped_if_token_major(x, plan) for x in (dq, dk))  # in q's and k's layout
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dh0
 
     f.defvjp(f_fwd, f_bwd)

@@ -14,7 +14,12 @@ intra-chunk operands in two bf16 parts each (:func:`_split`), which took the gat
 for the calls it takes (:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan`) but scalar gates
 (``chunk_simple_gla``, g_gamma or g: 1.2-1.7x slower than the Triton-backend launcher there), and it is still slower
 than ``gla_ref.triton.chunk_gla`` timed in the same runs: at K=V=128 2.0-2.2x its forward and 2.7-2.9x its
-forward+backward at T = 4K-16K; the gradient kernel, one warpgroup per chunk, is most of the gap. The CPU
+forward+backward at T = 4K-16K (2026-11-25). Since the kernels read q, k, v, dO and write o, dv in the API's
+``[B, T, H, D]`` (:data:`TOKEN_MAJOR`) and the GPU launchers sum the gates by a scan, on 2026-11-27 (same machine,
+benchmarks/results/mosaic_glue_nvidia_h200.json) 1.44-1.53x its forward at T=4096 (1.80 or 1.78 ms), 1.63x at 16384
+(6.17 ms) and 2.58x its forward+backward at 4096 (11.29 against 4.38 ms). The two forward kernels alone take 1.35x
+and 1.30x Triton's forward; the gates' XLA sums (0.60 and 1.81 ms) are the rest. The gradient kernel, one
+warpgroup per chunk and one program per SM (212 KiB of SMEM at K = 128), is most of the backward's gap. The CPU
 tests run it in the Mosaic GPU interpreter and lower it for CUDA. Every kernel of both paths is a Mosaic GPU
 kernel, with the layout and the chunk math of the other launchers:
 
@@ -78,7 +83,8 @@ layout of the tensor-core instruction), and every matmul is a ``wgmma``: operand
 (SMEM, swizzled so the tensor cores read them without bank conflicts), accumulator in registers.
 
 Grid and ownership. The per-chunk kernels run on ``(B, H, NV, N)``: a program loads its chunk's
-tiles by TMA, computes, and writes its outputs back through SMEM. The state kernel runs on the grid
+tiles by TMA (q, k, v, dO straight from ``[B, T, H, D]``, :data:`TOKEN_MAJOR`), computes, and writes its outputs
+back through SMEM. The state kernel runs on the grid
 ``(B, H, NV)``, one program per batch, head and block of ``BV = 64`` value columns (the M of a
 ``wgmma`` is 64 rows per warpgroup). The
 program owns the transposed state ``Sᵀ [BV, K]`` in float32 registers for the whole sequence and
@@ -181,8 +187,22 @@ def check_call(q, g, chunk: int, fused: bool = False) -> None:
     check_supported(q.dtype, _pow2(q.shape[-1]), chunk, fused)
 
 
+TOKEN_MAJOR = True
+"""The layout this launcher's kernels read and write q, k, v, dO, o and dv in: the API's ``[B, T, H, D]``, as the
+Triton kernels do. A program's TMA copy takes its ``[C, D]`` tile of one head straight from there, rows ``H·D``
+elements apart (:func:`_tokens`), so :func:`gla_ref.pallas.chunk.run` transposes none of them. The gates ``b``, the
+states and the float32 partials of ``dq``, ``dk`` and the gate gradient stay ``[B, H, …]``."""
+
+
+def _tokens(ref, ib, ih, rows, cols=None):
+    """Tokens ``rows`` of head ``ih`` (only the columns ``cols``, if given) of a ``[B, T, H, D]`` array in HBM: the
+    ``[C, D]`` box a TMA copy reads or writes (:data:`TOKEN_MAJOR`)."""
+    return ref.at[ib, rows, ih] if cols is None else ref.at[ib, rows, ih, cols]
+
+
 def _dims(x, y, chunk):
-    B, H, T, K = x.shape
+    """The sizes of a call whose ``x`` (q or k) is ``[B, T, H, K]`` and ``y`` (v or dO) ``[B, T, H, V]``."""
+    B, T, H, K = x.shape
     V = y.shape[-1]
     return Dims(B, H, T // chunk, chunk, K, V, min(BLOCK_V, V), K)  # GLA's per-key gate only
 
@@ -358,12 +378,12 @@ def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, inter
         def fetch(s, slot):  # TMA copies of chunk s's tiles into one half of the double buffer
             n = chunk_of(s)
             rows = pl.ds(n * C, C)
-            mgpu.copy_gmem_to_smem(x_ref.at[ib, ih, rows], x_s.at[slot], ready.at[slot])
-            mgpu.copy_gmem_to_smem(y_ref.at[ib, ih, rows, cols], y_s.at[slot], ready.at[slot])
+            mgpu.copy_gmem_to_smem(_tokens(x_ref, ib, ih, rows), x_s.at[slot], ready.at[slot])
+            mgpu.copy_gmem_to_smem(_tokens(y_ref, ib, ih, rows, cols), y_s.at[slot], ready.at[slot])
             mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, rows], b_s.at[slot], ready.at[slot])
             mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C + C - 1], bc_s.at[slot], ready.at[slot])
             for kind, ref, dst in zip(extra, extra_refs, extra_s):
-                src = ref.at[ib, ih, rows] if kind == "k" else ref.at[ib, ih, rows, cols]
+                src = _tokens(ref, ib, ih, rows, None if kind == "k" else cols)
                 mgpu.copy_gmem_to_smem(src, dst.at[slot], ready.at[slot])
 
         fetch(0, 0)
@@ -646,9 +666,9 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True
                ready):
         ib, ih, iv, n = (lax.axis_index(a) for a in ("b", "h", "v", "n"))
         rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
-        mgpu.copy_gmem_to_smem(q_ref.at[ib, ih, rows], q_s, ready.at[0])
-        mgpu.copy_gmem_to_smem(k_ref.at[ib, ih, rows], k_s, ready.at[0])
-        mgpu.copy_gmem_to_smem(v_ref.at[ib, ih, rows, cols], v_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(_tokens(q_ref, ib, ih, rows), q_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(_tokens(k_ref, ib, ih, rows), k_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(_tokens(v_ref, ib, ih, rows, cols), v_s, ready.at[0])
         mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, rows], b_s, ready.at[0])
         mgpu.copy_gmem_to_smem(h_ref.at[ib, ih, n, cols], h_s, ready.at[0])
         for I in range(n_sub):
@@ -659,7 +679,7 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True
         o = _chunk_output(tile, ops.load(h_s, W), v_s, tile.ref_rows(r_s), hb_s, x_s, y_s, a_s, scale)
         o_s[...] = o.astype(o_s.dtype)
         mgpu.commit_smem()
-        mgpu.copy_smem_to_gmem(o_s, o_ref.at[ib, ih, rows, cols])
+        mgpu.copy_smem_to_gmem(o_s, _tokens(o_ref, ib, ih, rows, cols))
         mgpu.wait_smem_to_gmem(0)
 
     sw = _transforms
@@ -732,12 +752,12 @@ def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
         rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
         for c in range(nk):  # key block c: columns c BK … c BK + BK − 1
             keys = pl.ds(c * BK, BK)
-            mgpu.copy_gmem_to_smem(q_ref.at[ib, ih, rows, keys], q_s.at[c], ready.at[0])
-            mgpu.copy_gmem_to_smem(k_ref.at[ib, ih, rows, keys], k_s.at[c], ready.at[0])
+            mgpu.copy_gmem_to_smem(_tokens(q_ref, ib, ih, rows, keys), q_s.at[c], ready.at[0])
+            mgpu.copy_gmem_to_smem(_tokens(k_ref, ib, ih, rows, keys), k_s.at[c], ready.at[0])
             mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, rows, keys], b_s.at[c], ready.at[0])
             mgpu.copy_gmem_to_smem(b_ref.at[ib, ih, n * C, keys], b0_s.at[c], ready.at[0])
             mgpu.copy_gmem_to_smem(h_ref.at[ib, ih, n, cols, keys], h_s.at[c], ready.at[0])
-        mgpu.copy_gmem_to_smem(v_ref.at[ib, ih, rows, cols], v_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(_tokens(v_ref, ib, ih, rows, cols), v_s, ready.at[0])
         mgpu.barrier_wait(ready.at[0])
 
         for c in range(nk):  # the operands, one key block at a time
@@ -757,7 +777,7 @@ def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
                                          more=((a_s, v_s),))
         o_s[...] = o.astype(o_s.dtype)
         mgpu.commit_smem()
-        mgpu.copy_smem_to_gmem(o_s, o_ref.at[ib, ih, rows, cols])
+        mgpu.copy_smem_to_gmem(o_s, _tokens(o_ref, ib, ih, rows, cols))
         mgpu.wait_smem_to_gmem(0)
 
     sw = _transforms
@@ -905,8 +925,8 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, 
                q_s, k_s, v_s, do_s, b_s, r_s, bc_s, hb_s, dsb_s, x_s, y_s, a_s, ready, state_ready):
         ib, ih, iv, n = (lax.axis_index(a) for a in ("b", "h", "v", "n"))
         rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
-        for src, dst in ((q_ref.at[ib, ih, rows], q_s), (k_ref.at[ib, ih, rows], k_s),
-                         (v_ref.at[ib, ih, rows, cols], v_s), (do_ref.at[ib, ih, rows, cols], do_s),
+        for src, dst in ((_tokens(q_ref, ib, ih, rows), q_s), (_tokens(k_ref, ib, ih, rows), k_s),
+                         (_tokens(v_ref, ib, ih, rows, cols), v_s), (_tokens(do_ref, ib, ih, rows, cols), do_s),
                          (b_ref.at[ib, ih, rows], b_s), (b_ref.at[ib, ih, n * C + C - 1], bc_s)):
             mgpu.copy_gmem_to_smem(src, dst, ready.at[0])
         for I in range(n_sub):
@@ -950,7 +970,7 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, 
             out(dg_ref, ops.matmul(a_s, x_s, (C, K), lo=y_s) + tile.rows(dgamma))
             dv_s[...] = dv
             mgpu.commit_smem()
-            mgpu.copy_smem_to_gmem(dv_s, dv_ref.at[ib, ih, rows, cols])
+            mgpu.copy_smem_to_gmem(dv_s, _tokens(dv_ref, ib, ih, rows, cols))
             mgpu.wait_smem_to_gmem(0)
 
         pl.run_scoped(write, mgpu.SMEM((C, K), f32, transforms=_transforms(f32, K)),
@@ -1023,12 +1043,12 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
         rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
         for c in range(nk):  # key block c: columns c BK … c BK + BK − 1
             keys = pl.ds(c * BK, BK)
-            for src, dst in ((q_ref.at[ib, ih, rows, keys], q_s.at[c]), (k_ref.at[ib, ih, rows, keys], k_s.at[c]),
+            for src, dst in ((_tokens(q_ref, ib, ih, rows, keys), q_s.at[c]), (_tokens(k_ref, ib, ih, rows, keys), k_s.at[c]),
                              (b_ref.at[ib, ih, rows, keys], b_s.at[c]), (b_ref.at[ib, ih, n * C, keys], b0_s.at[c]),
                              (b_ref.at[ib, ih, n * C + C - 1, keys], bc_s.at[c])):
                 mgpu.copy_gmem_to_smem(src, dst, ready.at[0])
-        mgpu.copy_gmem_to_smem(v_ref.at[ib, ih, rows, cols], v_s, ready.at[0])
-        mgpu.copy_gmem_to_smem(do_ref.at[ib, ih, rows, cols], do_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(_tokens(v_ref, ib, ih, rows, cols), v_s, ready.at[0])
+        mgpu.copy_gmem_to_smem(_tokens(do_ref, ib, ih, rows, cols), do_s, ready.at[0])
         def row(r_s, c):  # b_0 or b_C of key block c, [BK]
             return ops.load(r_s.at[c], W.reduce(0))
 
@@ -1078,7 +1098,7 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
                 mgpu.copy_smem_to_gmem(buf, ref)
 
             u_s[...] = _upper_ones(ops, C, dtype)
-            send(dv_ref.at[ib, ih, rows, cols], dv)
+            send(_tokens(dv_ref, ib, ih, rows, cols), dv)
             for c in range(nk):
                 keys = pl.ds(c * BK, BK)
                 b, b0, bC = ops.load(b_s.at[c], W), row(b0_s, c), row(bc_s, c)
@@ -1182,7 +1202,8 @@ def _gate_width(x, scalar):
 
 
 def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
-    """States entering each chunk ``h [B, H, N, V, K]`` (float32, transposed) and the final state (or None)."""
+    """States entering each chunk ``h [B, H, N, V, K]`` (float32, transposed) and the final state (or None), from
+    ``k [B, T, H, K]``, ``v [B, T, H, V]`` (:data:`TOKEN_MAJOR`) and the gates ``b [B, H, T, K]``."""
     return _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=want_final,
                        interpret=interpret, name="gla_state_fwd_mgpu")[:2]
 
@@ -1216,7 +1237,7 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False, exact=None, who
 
 
 def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False, exact=None, whole_chunk=None):
-    """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32) and the gate
+    """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32 ``[B, T, H, V]``) and the gate
     gradient's partials ``[B, H, NV, T, K]``, one program per chunk and value block (:func:`_grad_kernel`);
     the forms and ``exact``, ``whole_chunk`` as for :func:`chunk_fwd_o`."""
     check_supported(q.dtype, q.shape[-1], chunk)
@@ -1261,7 +1282,7 @@ def _fused_body(kind, dtype, scale, scalar, exact=True):
             mgpu.wait_smem_to_gmem(0)  # the previous chunk's o has left o_s
             o_s[...] = o.astype(dtype)
             mgpu.commit_smem()
-            mgpu.copy_smem_to_gmem(o_s, o_ref.at[env.ib, env.ih, env.rows, env.cols])
+            mgpu.copy_smem_to_gmem(o_s, _tokens(o_ref, env.ib, env.ih, env.rows, env.cols))
             return
         if kind == "dq":  # x = k, y = v, extra = (q, do); S enters the chunk
             (dq_ref, a_ref), (hb_s, x_s, y_s, a_s, out_s, row_s) = env.outs, env.scratch
@@ -1287,8 +1308,8 @@ def _fused_body(kind, dtype, scale, scalar, exact=True):
             buf[...] = value
         mgpu.commit_smem()
         for ref, buf, _ in results:
-            if ref.ndim == 4:  # dv [B, H, T, V]
-                dst = ref.at[env.ib, env.ih, env.rows, env.cols]
+            if ref.ndim == 4:  # dv [B, T, H, V]
+                dst = _tokens(ref, env.ib, env.ih, env.rows, env.cols)
             elif ref.ndim == 5:  # partials [B, H, NV, T, K]
                 dst = ref.at[env.ib, env.ih, env.iv, env.rows]
             else:  # one row per chunk [B, H, NV, N, 1, K]
