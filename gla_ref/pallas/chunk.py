@@ -2,8 +2,8 @@
 
 Forward (paper §3.3 "with materialisation", Alg. 3):
 
-1. ``b``: the chunk-local cumulative log-gate (float32, in XLA: a scan on GPUs, a matmul by a triangle of ones
-   on TPU, :func:`_triangular_sum`);
+1. ``b``: the chunk-local cumulative log-gate (float32, in XLA: a matmul by a triangle of ones, or a scan for
+   the Mosaic GPU launcher, :func:`_triangular_sum`);
 2. a *state kernel* runs over the chunks in order and writes the state entering each chunk,
    ``h`` (held transposed, ``[B, H, N, V, K]``) and the final state;
 3. an *output kernel*, parallel over chunks, computes each chunk's output from its ``h`` and
@@ -162,8 +162,8 @@ def _triangular_sum(x, C, upper, scan):
     """Inclusive sums inside each chunk of ``C`` rows of ``x [B, H, T, D]`` (T a multiple of C): lower gives
     ``Σ_{s ≤ t}``, upper gives ``Σ_{s ≥ t}``. A NaN anywhere in a chunk makes every row of it NaN.
 
-    ``scan`` (the GPU launchers, :func:`_sums_by_scan`): an associative scan over the chunk's rows, then the
-    chunk's total times 0 added to every row (0 for a finite total, NaN for a NaN one). Otherwise (TPU) one
+    ``scan`` (the Mosaic GPU launcher, :func:`_sums_by_scan`): an associative scan over the chunk's rows, then the
+    chunk's total times 0 added to every row (0 for a finite total, NaN for a NaN one). Otherwise one
     float32 matmul by a triangle of ones, its products by 0/1 exact and its zeros carrying a NaN to every row.
     On the H200 (jax 0.11.2, B=8, H=16, K=128) the gates' whole XLA step, layout change included, took 0.86 and
     2.49 ms at T=4096 and 16384 with the matmul (benchmarks/results/mosaic_glue_nvidia_h200.json, ``before``) and
@@ -184,9 +184,10 @@ def _triangular_sum(x, C, upper, scan):
 
 def _sums_by_scan(launcher) -> bool:
     """Whether ``launcher`` (a module of :data:`LAUNCHERS`) takes the chunk sums of :func:`_triangular_sum` by a
-    scan: the GPU launchers, where it measured faster; the TPU one keeps the matmul, which its MXU runs (no TPU
-    was available to time either)."""
-    return launcher is not tpu
+    scan: the Mosaic GPU launcher, whose forward it was measured in. The Triton-backend launcher keeps the
+    matmul its stored timings (and chapter 5's count of the bytes around its kernels) were taken with, and the
+    TPU launcher the matmul its MXU runs (no TPU was available to time either)."""
+    return launcher is mosaic_gpu
 
 
 def _local_cumsum(g, C, launcher):

@@ -15,7 +15,7 @@ for the calls it takes (:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan
 (``chunk_simple_gla``, g_gamma or g: 1.2-1.7x slower than the Triton-backend launcher there), and it is still slower
 than ``gla_ref.triton.chunk_gla`` timed in the same runs: at K=V=128 2.0-2.2x its forward and 2.7-2.9x its
 forward+backward at T = 4K-16K (2026-11-25). Since the kernels read q, k, v, dO and write o, dv in the API's
-``[B, T, H, D]`` (:data:`TOKEN_MAJOR`) and the GPU launchers sum the gates by a scan, on 2026-11-27 (same machine,
+``[B, T, H, D]`` (:data:`TOKEN_MAJOR`) and its gates are summed by a scan, on 2026-11-27 (same machine,
 benchmarks/results/mosaic_glue_nvidia_h200.json) 1.44-1.53x its forward at T=4096 (1.80 or 1.78 ms), 1.63x at 16384
 (6.17 ms) and 2.58x its forward+backward at 4096 (11.29 against 4.38 ms). The two forward kernels alone take 1.35x
 and 1.30x Triton's forward; the gates' XLA sums (0.60 and 1.81 ms) are the rest. The gradient kernel, one
