@@ -104,7 +104,7 @@ SCRIPTS = {
     "mosaic_scalar_gate": "pallas_mosaic_gpu_check.py --accuracy-T --T 4096 16384 --cases 'pallas chunk_simple_gla g"
                           " mosaic_gpu' 'pallas chunk_simple_gla g gpu' 'triton chunk_simple_gla g'"
                           " --out benchmarks/results/mosaic_scalar_gate_<device>.json",
-    "mosaic_glue": "pallas_mosaic_gpu_check.py --glue --T 4096 16384 (before and after: see the file's note), with"
+    "mosaic_glue": "pallas_mosaic_gpu_check.py --glue --T 4096 16384 (rows; before: see the file's note), with"
                    " --accuracy-T --T 4096 16384 --cases 'pallas chunk_gla mosaic_gpu' 'triton chunk_gla' (after_timing)"
                    " and --accuracy-T 2048 --variants chunk fused simple_chunk gamma_chunk --no-timing"
                    " (after_accuracy), each --out a file merged into benchmarks/results/mosaic_glue_<device>.json",

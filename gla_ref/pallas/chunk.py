@@ -167,7 +167,7 @@ def _triangular_sum(x, C, upper, scan):
     float32 matmul by a triangle of ones, its products by 0/1 exact and its zeros carrying a NaN to every row.
     On the H200 (jax 0.11.2, B=8, H=16, K=128) the gates' whole XLA step, layout change included, took 0.86 and
     2.49 ms at T=4096 and 16384 with the matmul (benchmarks/results/mosaic_glue_nvidia_h200.json, ``before``) and
-    less with the scan (``after``, same file); ``jnp.cumsum`` was slower than either.
+    less with the scan (its ``rows``); ``jnp.cumsum`` was slower than either.
     """
     B, H, T, D = x.shape
     x = x.reshape(B, H, T // C, C, D)
