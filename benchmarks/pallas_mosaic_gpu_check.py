@@ -227,9 +227,10 @@ def glue_rows(T, K, rows, save):
     def gates(g):  # g to the chunk-local cumulative gates b, float32, in the kernel layout
         return pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"], mosaic_gpu)
 
-    for name, timed in (("pallas chunk_gla mosaic_gpu fwd", lambda: _time_pallas("pallas chunk_gla mosaic_gpu", "fwd", T, K)),
-                        ("triton chunk_gla fwd", lambda: _time_triton("triton chunk_gla", "fwd", T, K)),
-                        ("glue: g to b", lambda: bench.time_jax(jax.jit(gates), g, warmup=p["warmup"], rep=p["rep"]))):
+    timings = (("pallas chunk_gla mosaic_gpu fwd", lambda: _time_pallas("pallas chunk_gla mosaic_gpu", "fwd", T, K)),
+               ("triton chunk_gla fwd", lambda: _time_triton("triton chunk_gla", "fwd", T, K)),
+               ("glue: g to b", lambda: bench.time_jax(jax.jit(gates), g, warmup=p["warmup"], rep=p["rep"])))
+    for name, timed in timings:
         row = {"T": T, "K": K, "V": K, "name": name}
         t = timed()
         row.update({key: t[key] for key in ("compile_ms", "median_ms", "p20_ms", "p80_ms")})
@@ -248,7 +249,8 @@ def main(argv=None):
     parser.add_argument("--kernels", action="store_true",
                         help="instead: time each kernel of the non-fused path alone (both launchers, K=V=128 and 64, the first T)")
     parser.add_argument("--glue", action="store_true",
-                        help="instead: the Mosaic GPU forward cut into its kernels and the XLA work around them (K=V=128)")
+                        help="instead: the Mosaic GPU forward cut into its kernels and the XLA work around them "
+                        "(K=V=128)")
     parser.add_argument("--cases", nargs="+", choices=sorted({name for name, _ in CASES}),
                         help="time only these cases (default all)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS,

@@ -557,8 +557,8 @@ def test_benchmark_glue_rows_time_what_run_does_around_the_kernels(monkeypatch):
     """``--glue`` (benchmarks/pallas_mosaic_gpu_check.py) times the forward, Triton's forward and the XLA work of
     gla_ref.pallas.chunk.run around the Mosaic GPU kernels (the gates' sums: q, k, v and o keep their layout), then
     the two kernels: here with the two forwards and the kernel rows stubbed (they need the GPU), the gates' step
-    jitted on the CPU at a tiny shape. That step gives the chunk-local sums, by the Mosaic GPU launcher's scan, and a NaN
-    gate makes its column NaN in every row of its chunk, as the TPU launcher's matmul does."""
+    jitted on the CPU at a tiny shape. That step gives the chunk-local sums, by the Mosaic GPU launcher's scan, and a
+    NaN gate makes its column NaN in every row of its chunk, as the TPU launcher's matmul does."""
     from bench_scripts import load_script
 
     from gla_ref.pallas import chunk as pchunk

@@ -166,8 +166,8 @@ def _triangular_sum(x, C, upper, scan):
     chunk's total times 0 added to every row (0 for a finite total, NaN for a NaN one). Otherwise one
     float32 matmul by a triangle of ones, its products by 0/1 exact and its zeros carrying a NaN to every row.
     On the H200 (jax 0.11.2, B=8, H=16, K=128) the gates' whole XLA step, layout change included, took 0.86 and
-    2.49 ms at T=4096 and 16384 with the matmul (benchmarks/results/mosaic_glue_nvidia_h200.json, ``before``) and
-    less with the scan (its ``rows``); ``jnp.cumsum`` was slower than either.
+    2.49 ms at T=4096 and 16384 with the matmul and 0.60 and 1.81 ms with the scan
+    (benchmarks/results/mosaic_glue_nvidia_h200.json: ``before`` and ``rows``).
     """
     B, H, T, D = x.shape
     x = x.reshape(B, H, T // C, C, D)
@@ -195,10 +195,10 @@ def _local_cumsum(g, C, launcher):
 
     This is where the kernels read the gate, so an invalid one (NaN, > 0, -inf; the contract of
     :mod:`gla_ref._validate`) becomes NaN here: an elementwise select on g, which XLA can fuse
-    with the copy that lays g out for the kernels (no extra pass over g under jit). The sums then carry that NaN to every row of its chunk
-    (:func:`_triangular_sum`),
-    and the state carries it to every later chunk: o from the bad token's chunk on, the final
-    state and the gradients are NaN, never a finite wrong answer (jit cannot check values).
+    with the copy that lays g out for the kernels (no extra pass over g under jit). The sums then carry
+    that NaN to every row of its chunk (:func:`_triangular_sum`), and the state carries it to every later
+    chunk: o from the bad token's chunk on, the final state and the gradients are NaN, never a finite
+    wrong answer (jit cannot check values).
     """
     return _triangular_sum(valid_gate(g), C, upper=False, scan=_sums_by_scan(launcher))
 

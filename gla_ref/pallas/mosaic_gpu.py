@@ -1043,7 +1043,8 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
         rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
         for c in range(nk):  # key block c: columns c BK … c BK + BK − 1
             keys = pl.ds(c * BK, BK)
-            for src, dst in ((_tokens(q_ref, ib, ih, rows, keys), q_s.at[c]), (_tokens(k_ref, ib, ih, rows, keys), k_s.at[c]),
+            for src, dst in ((_tokens(q_ref, ib, ih, rows, keys), q_s.at[c]),
+                             (_tokens(k_ref, ib, ih, rows, keys), k_s.at[c]),
                              (b_ref.at[ib, ih, rows, keys], b_s.at[c]), (b_ref.at[ib, ih, n * C, keys], b0_s.at[c]),
                              (b_ref.at[ib, ih, n * C + C - 1, keys], bc_s.at[c])):
                 mgpu.copy_gmem_to_smem(src, dst, ready.at[0])
@@ -1237,8 +1238,8 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False, exact=None, who
 
 
 def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False, exact=None, whole_chunk=None):
-    """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32 ``[B, T, H, V]``) and the gate
-    gradient's partials ``[B, H, NV, T, K]``, one program per chunk and value block (:func:`_grad_kernel`);
+    """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32 ``[B, T, H, V]``) and
+    the gate gradient's partials ``[B, H, NV, T, K]``, one program per chunk and value block (:func:`_grad_kernel`);
     the forms and ``exact``, ``whole_chunk`` as for :func:`chunk_fwd_o`."""
     check_supported(q.dtype, q.shape[-1], chunk)
     b, scalar = _per_key(b, q.shape[-1])
