@@ -178,14 +178,16 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
 
     p = TIMING
     q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
-    kernel_layout = tuple(pchunk._to_kernel_layout(x, T, K) for x in (q, k, v, do))
     b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"], mosaic_gpu)
     C, scale = p["chunk"], K ** -0.5
     for name, L in (("mosaic_gpu", mosaic_gpu), ("gpu", gpu)):
         if name not in launchers:
             continue
         kw = {"chunk": C, "interpret": False}
-        qp, kp, vp, dop = (q, k, v, do) if getattr(L, "TOKEN_MAJOR", False) else kernel_layout
+        tokens = (q, k, v, do)
+        if not getattr(L, "TOKEN_MAJOR", False):
+            tokens = tuple(pchunk._to_kernel_layout(x, T, K) for x in tokens)
+        qp, kp, vp, dop = tokens
         h = jax.jit(functools.partial(L.state_fwd, want_final=False, **kw))(kp, vp, b, None)[0]
         dso = jax.jit(functools.partial(L.state_bwd, scale=scale, want_dh0=False, **kw))(qp, b, dop, None)[0]
         kernel_steps = {

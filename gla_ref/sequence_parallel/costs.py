@@ -17,6 +17,7 @@ device sends. Importing this module loads no framework.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -86,10 +87,7 @@ def _ints(text):
 
 def _row_major(sizes):
     """Every coordinate of an array of ``sizes``, in row-major order."""
-    coords = [()]
-    for n in sizes:
-        coords = [c + (i,) for c in coords for i in range(n)]
-    return coords
+    return itertools.product(*(range(n) for n in sizes))
 
 
 def _flat(coord, sizes):
