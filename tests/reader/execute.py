@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 import time
@@ -20,8 +21,7 @@ import nbclient
 import nbformat
 
 
-def private_kernel() -> str:
-    root = pathlib.Path(tempfile.mkdtemp(prefix="reader-jupyter-"))
+def private_kernel(root: pathlib.Path) -> str:
     spec = root / "kernels" / "reader"
     spec.mkdir(parents=True)
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
@@ -31,7 +31,15 @@ def private_kernel() -> str:
 
 
 def main(out_dir, notebooks) -> int:
-    kernel, summary = private_kernel(), {}
+    root = pathlib.Path(tempfile.mkdtemp(prefix="reader-jupyter-"))
+    try:
+        return run_all(out_dir, notebooks, private_kernel(root))
+    finally:
+        shutil.rmtree(root)
+
+
+def run_all(out_dir, notebooks, kernel) -> int:
+    summary = {}
     for name in notebooks:
         path = pathlib.Path(out_dir) / name
         nb = nbformat.read(path, as_version=4)

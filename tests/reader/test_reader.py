@@ -67,6 +67,7 @@ def reader(tmp_path_factory):
     _run([*pip, f"{wheel}[torch,jax]"])
     results_dir = _run([python, "-c", "from gla_ref import bench; print(bench.results_dir())"], cwd=tmp).strip()
     full = _execute(python, tmp / "full", NOTEBOOKS, {"GLA_REF_NO_INSTALL": "1"})
+    shutil.rmtree(tmp / "venv")  # torch and jax: gigabytes the tests below no longer need
     return {"wheel": wheel, "results_dir": results_dir, "without_triton": without_triton, "full": full}
 
 
