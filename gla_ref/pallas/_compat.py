@@ -173,7 +173,7 @@ def reset_gpu_interpreter() -> None:
 
 
 def gpu_interpreter_reads_transposed_refs() -> bool:
-    """Whether the Mosaic GPU interpreter reads a ``plgpu.transpose_ref`` view (JAX 0.11+: its
+    """Whether the Mosaic GPU interpreter reads a transposed view (``ref.transpose``) (JAX 0.11+: its
     ``to_access``); JAX 0.10's reads only index transforms, so a launcher gives it a transposed copy."""
     try:
         from jax._src.pallas.mosaic.interpret import utils

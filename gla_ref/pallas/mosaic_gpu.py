@@ -251,7 +251,7 @@ class _Ops:
     Compiled, a register array gets an explicit layout (``plgpu.load(..., layout=)``,
     ``layout_cast``); the interpreter keeps arrays in their logical form and has no ``load``
     primitive, so there a plain ``ref[...]`` is the same read. A transposed operand is a
-    ``transpose_ref`` view; JAX 0.10's interpreter cannot read such a view, so it gets a
+    ``ref.transpose`` view; JAX 0.10's interpreter cannot read such a view, so it gets a
     transposed copy in SMEM (the same values; the compiled kernel never makes it).
     """
 
@@ -291,7 +291,7 @@ class _Ops:
                     x_t[...] = x_ref[...].T
                 mgpu.commit_smem()
             else:
-                copies = [mgpu.transpose_ref(x_ref, (1, 0)) for x_ref in x_refs]
+                copies = [x_ref.transpose((1, 0)) for x_ref in x_refs]  # views, as plgpu.transpose_ref made
             for a, b in (*operands(copies), *more):
                 mgpu.wgmma(acc, a, b)
             return acc[...]
