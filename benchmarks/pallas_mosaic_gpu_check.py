@@ -5,6 +5,8 @@
     python benchmarks/pallas_mosaic_gpu_check.py --kernels --T 4096  # each kernel alone, both launchers
     python benchmarks/pallas_mosaic_gpu_check.py --accuracy-T --cases NAME ...  # timing of some cases only
     python benchmarks/pallas_mosaic_gpu_check.py --accuracy-T 4096 16384 --variants fused --no-timing
+    python benchmarks/pallas_mosaic_gpu_check.py --glue --T 4096 16384  # the forward's parts; the gate-sum kernel
+    python benchmarks/pallas_mosaic_gpu_check.py --gate-kernel ...  # any of the above with the gate-sum kernel
     python benchmarks/pallas_mosaic_gpu_check.py --smoke         # any machine: interpreter accuracy, no timing
 
 Accuracy: every Pallas path (:data:`VARIANTS`: ``chunk_gla``, ``fused_chunk_gla`` and
@@ -32,6 +34,8 @@ Writes ``benchmarks/results/pallas_mosaic_gpu_<device>.json`` stamped by ``bench
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import pathlib
 import sys
 
@@ -167,10 +171,7 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
     for Mosaic GPU, its ``TOKEN_MAJOR``, the kernel layout ``[B, H, T, D]`` for the Triton backend; the
     chunk-local cumulative gates), so the time of a step is read per kernel, not guessed from the total.
     Appends to ``rows``, calling ``save()`` after each; ``launchers`` and ``steps`` select the rows."""
-    import functools
-
     import jax
-    import jax.numpy as jnp
     from pallas_harness import _pallas_bench_inputs
 
     from gla_ref.pallas import chunk as pchunk
@@ -178,7 +179,7 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
 
     p = TIMING
     q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
-    b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"], mosaic_gpu)
+    b = _gates(g, T, K)
     C, scale = p["chunk"], K ** -0.5
     for name, L in (("mosaic_gpu", mosaic_gpu), ("gpu", gpu)):
         if name not in launchers:
@@ -209,32 +210,87 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
             print(row, flush=True)
 
 
-def glue_rows(T, K, rows, save):
-    """The forward of ``chunk_gla`` on the Mosaic GPU launcher cut into its parts, one process, B=8, H=16,
-    K=V=``K``, bf16: the whole forward, its two kernels alone, and alone the XLA work that
-    :func:`gla_ref.pallas.chunk.run` does around them, beside ``gla_ref.triton.chunk_gla``'s forward. The launcher
-    reads q, k, v and writes o in their own ``[B, T, H, D]`` (``TOKEN_MAJOR``), so that work is the gates': g to
-    float32, the chunk-local cumulative sums b, in the kernel layout ``[B, H, T, K]``. Appends to ``rows``,
-    calling ``save()`` after each."""
+@contextlib.contextmanager
+def gate_kernel(on=True):
+    """Within: the Mosaic GPU launcher sums per-key gates by its gate-sum kernel
+    (:data:`gla_ref.pallas.chunk.MOSAIC_GPU_GATE_SUMS`, not yet the default) if ``on``, by XLA's scan if not."""
+    from gla_ref.pallas import chunk as pchunk
+
+    saved = dict(pchunk.GATE_SUM_KERNELS)
+    pchunk.GATE_SUM_KERNELS.clear()
+    pchunk.GATE_SUM_KERNELS.update(pchunk.MOSAIC_GPU_GATE_SUMS if on else {})
+    try:
+        yield
+    finally:
+        pchunk.GATE_SUM_KERNELS.clear()
+        pchunk.GATE_SUM_KERNELS.update(saved)
+
+
+def _gates(g, T, K, interpret=False):
+    """What :func:`gla_ref.pallas.chunk.run` makes of ``g [B, T, H, K]`` for the Mosaic GPU launcher: the chunk-local
+    cumulative gates ``b [B, H, T, K]``, float32 (by XLA's scan, or within :func:`gate_kernel` its gate-sum kernel)."""
+    from gla_ref.pallas import chunk as pchunk
+
+    plan = pchunk.make_plan("mosaic_gpu", interpret, chunk=TIMING["chunk"], scale=None, K=K, fused=False,
+                            want_final=False)
+    return pchunk._local_cumsum(pchunk._gate_layout(g, plan, T, K, per_key=True), plan)
+
+
+def gate_kernel_check(T, K, interpret=False):
+    """The gate-sum kernel against float64 where it runs (B=8, H=16 of :data:`TIMING`, float32 gates of about
+    -0.7 nats a token): the largest error relative to the largest sum, and whether a NaN, a positive and a -inf gate
+    each make exactly their chunk's column NaN."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
     from pallas_harness import _pallas_bench_inputs
 
-    from gla_ref.pallas import chunk as pchunk
-    from gla_ref.pallas import mosaic_gpu
+    from gla_ref.pallas import mosaic_gpu_gates
+
+    p, C = TIMING, TIMING["chunk"]
+    _, _, _, g, _ = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
+    sums = jax.jit(functools.partial(mosaic_gpu_gates.gate_sums, chunk=C, interpret=interpret))
+    B, H = g.shape[0], g.shape[2]
+    exact = np.swapaxes(np.asarray(g, np.float64), 1, 2).reshape(B, H, T // C, C, K).cumsum(3).reshape(B, H, T, K)
+    err = float(np.abs(np.asarray(sums(g), np.float64) - exact).max() / np.abs(exact).max())
+    nan_ok = []
+    for value, (ib, t, ih, kk) in ((jnp.nan, (0, 5, 0, 3)), (0.5, (B - 1, T - 1, H - 1, K - 1)),
+                                   (-jnp.inf, (0, T // 2, H - 1, 7))):
+        nan = np.isnan(np.asarray(sums(g.at[ib, t, ih, kk].set(value))))
+        start = t // C * C
+        nan_ok.append(bool(nan[ib, ih, start:start + C, kk].all() and nan.sum() == C))
+    return {"T": T, "K": K, "max_abs_err_rel_to_max": err, "invalid_gates_fill_their_chunk_column": nan_ok}
+
+
+def glue_rows(T, K, rows, save):
+    """The forward of ``chunk_gla`` on the Mosaic GPU launcher cut into its parts, one process, B=8, H=16,
+    K=V=``K``, bf16: the whole forward, its two kernels alone, and alone the step that
+    :func:`gla_ref.pallas.chunk.run` takes before them, beside ``gla_ref.triton.chunk_gla``'s forward. The launcher
+    reads q, k, v and writes o in their own ``[B, T, H, D]`` (``TOKEN_MAJOR``), so that step is the gates': the
+    chunk-local cumulative sums b, float32, in the kernel layout ``[B, H, T, K]``, by XLA's scan (the default) and
+    by the gate-sum kernel (:func:`gate_kernel`), and the forward with each. Appends to ``rows``, calling
+    ``save()`` after each."""
+    import jax
+    from pallas_harness import _pallas_bench_inputs
 
     p = TIMING
     _, _, _, g, _ = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
 
-    def gates(g):  # g to the chunk-local cumulative gates b, float32, in the kernel layout
-        return pchunk._local_cumsum(pchunk._to_kernel_layout(g, T, K, jnp.float32), p["chunk"], mosaic_gpu)
+    def gates():
+        return bench.time_jax(jax.jit(functools.partial(_gates, T=T, K=K)), g, warmup=p["warmup"], rep=p["rep"])
 
-    timings = (("pallas chunk_gla mosaic_gpu fwd", lambda: _time_pallas("pallas chunk_gla mosaic_gpu", "fwd", T, K)),
-               ("triton chunk_gla fwd", lambda: _time_triton("triton chunk_gla", "fwd", T, K)),
-               ("glue: g to b", lambda: bench.time_jax(jax.jit(gates), g, warmup=p["warmup"], rep=p["rep"])))
-    for name, timed in timings:
+    def forward():
+        return _time_pallas("pallas chunk_gla mosaic_gpu", "fwd", T, K)
+
+    timings = (("pallas chunk_gla mosaic_gpu fwd", False, forward),
+               ("triton chunk_gla fwd", False, lambda: _time_triton("triton chunk_gla", "fwd", T, K)),
+               ("glue: g to b", False, gates),
+               ("pallas chunk_gla mosaic_gpu fwd, gate-sum kernel", True, forward),
+               ("glue: g to b, gate-sum kernel", True, gates))
+    for name, kernel, timed in timings:
         row = {"T": T, "K": K, "V": K, "name": name}
-        t = timed()
+        with gate_kernel(kernel):
+            t = timed()
         row.update({key: t[key] for key in ("compile_ms", "median_ms", "p20_ms", "p80_ms")})
         rows.append(row)
         save()
@@ -251,8 +307,10 @@ def main(argv=None):
     parser.add_argument("--kernels", action="store_true",
                         help="instead: time each kernel of the non-fused path alone (both launchers, K=V=128 and 64, the first T)")
     parser.add_argument("--glue", action="store_true",
-                        help="instead: the Mosaic GPU forward cut into its kernels and the XLA work around them "
-                        "(K=V=128)")
+                        help="instead: the Mosaic GPU forward cut into its kernels and the gates' sums before them, "
+                        "by XLA and by the gate-sum kernel, which is also checked against float64 (K=V=128)")
+    parser.add_argument("--gate-kernel", action="store_true",
+                        help="accuracy and timing with the Mosaic GPU gate-sum kernel (not yet the default)")
     parser.add_argument("--cases", nargs="+", choices=sorted({name for name, _ in CASES}),
                         help="time only these cases (default all)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS,
@@ -281,17 +339,22 @@ def main(argv=None):
         with jax.default_device(jax.devices("cpu")[0]):
             result["accuracy"] = accuracy_rows([80], smoke=True)
     elif args.glue:
-        result["glue"] = []
+        result["glue"], result["gate_kernel_check"] = [], []
         for T in args.T:
+            result["gate_kernel_check"].append(gate_kernel_check(T, 128))
+            save()
+            print(result["gate_kernel_check"][-1], flush=True)
             glue_rows(T, 128, result["glue"], save)
     elif args.kernels:
         for K in (128, 64):
             kernel_rows(args.T[0], K, result["kernels"], save)
     else:
-        result["accuracy"] = accuracy_rows(args.accuracy_T, smoke=False, variants=args.variants)
-        save()
-        if not args.no_timing:
-            timing_rows(args.T, result["rows"], save, args.cases)
+        result["gate_sum_kernel"] = args.gate_kernel
+        with gate_kernel(args.gate_kernel):
+            result["accuracy"] = accuracy_rows(args.accuracy_T, smoke=False, variants=args.variants)
+            save()
+            if not args.no_timing:
+                timing_rows(args.T, result["rows"], save, args.cases)
     path = save()
     print("wrote", path)
     return path

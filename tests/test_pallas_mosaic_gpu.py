@@ -10,6 +10,7 @@ The lowering tests export the forward and the VJP for CUDA, which runs Mosaic GP
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 
 import jax
@@ -443,19 +444,27 @@ def _mosaic_calls(text):
     return len(re.findall(r"custom_call @mosaic_gpu", text))
 
 
-@pytest.mark.parametrize("fused, gate, B, T, H, K, V", [
-    (False, "gla", 2, 100, 2, 20, 200), (False, "gla", 1, 1, 1, 128, 64), (False, "gla", 1, 77, 3, 96, 48),
-    (True, "gla", 2, 100, 2, 20, 200), (True, "gla", 1, 77, 3, 64, 48),
-    (False, "scalar", 2, 100, 2, 128, 72), (True, "gamma", 1, 77, 3, 64, 48)])
-def test_lowers_for_cuda(fused, gate, B, T, H, K, V):
+@pytest.mark.parametrize("fused, gate, B, T, H, K, V, with_gate_kernel", [
+    (False, "gla", 2, 100, 2, 20, 200, False), (False, "gla", 1, 1, 1, 128, 64, False),
+    (False, "gla", 1, 77, 3, 96, 48, False), (True, "gla", 2, 100, 2, 20, 200, False),
+    (True, "gla", 1, 77, 3, 64, 48, False),
+    (False, "scalar", 2, 100, 2, 128, 72, False), (True, "gamma", 1, 77, 3, 64, 48, False),
+    (False, "gla", 1, 77, 3, 96, 48, True), (True, "gla", 2, 100, 2, 20, 200, True)])
+def test_lowers_for_cuda(monkeypatch, fused, gate, B, T, H, K, V, with_gate_kernel):
     """Forward and VJP lowered for CUDA: Mosaic GPU's own lowering accepts every layout, swizzle,
     TMA copy, wgmma shape and the SMEM budget (227 KiB a block). The non-fused forward is two Mosaic GPU
     kernels (states, output), its VJP five (those two, the states recomputed in the backward, the
     state gradients, the chunk gradients); the fused forward is one, its VJP three (forward, the dq loop,
-    the reverse dk, dv loop); no Triton-backend kernel is left. A per-key gate's per-chunk kernels come
+    the reverse dk, dv loop); no Triton-backend kernel is left. With the gate-sum kernel in
+    gla_ref.pallas.chunk.GATE_SUM_KERNELS, a per-key gate adds it to the forward and to the backward (which sums
+    the gates again). A per-key gate's per-chunk kernels come
     twice, in the fast and the exact form of their diagonal tiles (lax.cond on gentle_gates), and the non-fused
     ones a third time, in their whole-chunk form (lax.cond on whole_chunk_gates; at K = 96 and 128 in two key
     blocks of 64)."""
+    from gla_ref.pallas import chunk as pchunk
+
+    if with_gate_kernel:
+        monkeypatch.setattr(pchunk, "GATE_SUM_KERNELS", pchunk.MOSAIC_GPU_GATE_SUMS)
     sds = jax.ShapeDtypeStruct
     mode = "fused" if fused else "chunk"
     call = {"gla": fused_chunk_gla if fused else chunk_gla,
@@ -476,13 +485,15 @@ def test_lowers_for_cuda(fused, gate, B, T, H, K, V):
         forward, both = (jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
                          for f in (fwd, fwd_bwd))
     forms = 2 if gate == "gla" else 1
+    sums = gate == "gla" and with_gate_kernel  # the gate-sum kernel, in the forward and again in the backward
     if fused:
         names = ("gla_fused_fwd_mgpu", "gla_fused_bwd_dq_mgpu", "gla_fused_bwd_dkv_mgpu")
-        assert _mosaic_calls(forward) == forms and _mosaic_calls(both) == 3 * forms
+        assert _mosaic_calls(forward) == sums + forms and _mosaic_calls(both) == 2 * sums + 3 * forms
     else:
         names = ("gla_state_fwd_mgpu", "gla_chunk_fwd_o_mgpu", "gla_state_bwd_mgpu", "gla_chunk_bwd_mgpu")
         forms += gate == "gla"  # the per-chunk kernels' whole-chunk form besides
-        assert _mosaic_calls(forward) == 1 + forms and _mosaic_calls(both) == 3 + 2 * forms
+        assert _mosaic_calls(forward) == sums + 1 + forms and _mosaic_calls(both) == 2 * sums + 3 + 2 * forms
+    names += ("gla_gate_sums_mgpu",) if sums else ()
     for name in names:
         assert name in both, name
     assert "__gpu$xla.gpu.triton" not in both
@@ -554,34 +565,98 @@ def test_benchmark_script_gates_and_the_triton_scalar_case(monkeypatch):
 
 
 def test_benchmark_glue_rows_time_what_run_does_around_the_kernels(monkeypatch):
-    """``--glue`` (benchmarks/pallas_mosaic_gpu_check.py) times the forward, Triton's forward and the XLA work of
-    gla_ref.pallas.chunk.run around the Mosaic GPU kernels (the gates' sums: q, k, v and o keep their layout), then
+    """``--glue`` (benchmarks/pallas_mosaic_gpu_check.py) times the forward, Triton's forward and the step of
+    gla_ref.pallas.chunk.run before the Mosaic GPU kernels (the gates' sums: q, k, v and o keep their layout), then
     the two kernels: here with the two forwards and the kernel rows stubbed (they need the GPU), the gates' step
-    jitted on the CPU at a tiny shape. That step gives the chunk-local sums, by the Mosaic GPU launcher's scan, and a
-    NaN gate makes its column NaN in every row of its chunk, as the TPU launcher's matmul does."""
+    timed on the CPU at a tiny shape by XLA's scan and by the gate-sum kernel in the Mosaic GPU interpreter, and
+    ``gate_kernel_check`` (the gate-sum kernel against float64 and its NaN rule) run there too; ``gate_kernel``
+    leaves gla_ref.pallas.chunk.GATE_SUM_KERNELS as it found it."""
     from bench_scripts import load_script
-
-    from gla_ref.pallas import chunk as pchunk
-    from gla_ref.pallas import tpu
 
     script = load_script("pallas_mosaic_gpu_check")
     monkeypatch.setattr(script, "TIMING", {**script.TIMING, "B": 1, "H": 2, "warmup": 0, "rep": 1})
     stub = {"compile_ms": 0.0, "median_ms": 0.0, "p20_ms": 0.0, "p80_ms": 0.0}
     monkeypatch.setattr(script, "_time_pallas", lambda *a: stub)
     monkeypatch.setattr(script, "_time_triton", lambda *a: stub)
+    monkeypatch.setattr(script, "_gates", functools.partial(script._gates, interpret=True))
     kernels = []
     monkeypatch.setattr(script, "kernel_rows", lambda T, K, rows, save, **kw: kernels.append((T, K, kw)))
     rows, saves = [], []
     script.glue_rows(128, 64, rows, lambda: saves.append(len(rows)))
-    assert [r["name"] for r in rows] == ["pallas chunk_gla mosaic_gpu fwd", "triton chunk_gla fwd", "glue: g to b"]
-    assert saves == [1, 2, 3] and rows[2]["median_ms"] > 0
+    assert [r["name"] for r in rows] == ["pallas chunk_gla mosaic_gpu fwd", "triton chunk_gla fwd", "glue: g to b",
+                                         "pallas chunk_gla mosaic_gpu fwd, gate-sum kernel",
+                                         "glue: g to b, gate-sum kernel"]
+    assert saves == [1, 2, 3, 4, 5] and rows[2]["median_ms"] > 0 and rows[4]["median_ms"] > 0
     assert kernels == [(128, 64, {"launchers": ("mosaic_gpu",), "steps": ("state_fwd", "chunk_fwd_o")})]
-    g = jnp.log(jax.nn.sigmoid(jax.random.normal(jax.random.key(0), (1, 128, 2, 64))))
-    expect = np.cumsum(np.swapaxes(np.asarray(g), 1, 2).reshape(1, 2, 2, 64, 64), axis=3).reshape(1, 2, 128, 64)
-    bad = g.at[0, 70, 0, 3].set(jnp.nan)
-    for launcher in (mgpu_launcher, tpu):  # the scan, the matmul
-        b = pchunk._local_cumsum(pchunk._to_kernel_layout(g, 128, 64, jnp.float32), 64, launcher)
-        np.testing.assert_allclose(np.asarray(b), expect, rtol=1e-5, atol=1e-5)
-        nan = np.isnan(np.asarray(pchunk._local_cumsum(pchunk._to_kernel_layout(bad, 128, 64, jnp.float32), 64,
-                                                       launcher)))
-        assert nan[0, 0, 64:, 3].all() and nan.sum() == 64, launcher.__name__
+    from gla_ref.pallas import chunk as pchunk
+
+    assert pchunk.GATE_SUM_KERNELS == {}
+    check = script.gate_kernel_check(128, 64, interpret=True)
+    assert check["max_abs_err_rel_to_max"] < 1e-6 and check["invalid_gates_fill_their_chunk_column"] == [True] * 3
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, bf16, jnp.float16])
+@pytest.mark.parametrize("B, T, H, K", [(1, 128, 2, 64), (2, 64, 3, 128)])
+def test_gate_sum_kernel_against_float64(dtype, B, T, H, K):
+    """The gate-sum kernel (gla_ref.pallas.mosaic_gpu_gates, Mosaic GPU interpreter) reads g [B, T, H, K] in its
+    dtype and writes b [B, H, T, K]: the float64 chunk-local cumulative sums to float32 rounding (three bf16 parts
+    by a triangle of ones), as the TPU launcher's XLA matmul gives them. A NaN, a positive or a -inf gate makes
+    its column NaN in every row of its chunk, rows before it too, and nothing else."""
+    from gla_ref.pallas import chunk as pchunk
+    from gla_ref.pallas import mosaic_gpu_gates
+
+    g = jnp.log(jax.nn.sigmoid(2.0 * jax.random.normal(jax.random.key(B + K), (B, T, H, K)))).astype(dtype)
+    exact = np.swapaxes(np.asarray(g.astype(jnp.float32), np.float64), 1, 2).reshape(B, H, T // 64, 64, K)
+    exact = np.cumsum(exact, axis=3).reshape(B, H, T, K)
+    b = np.asarray(mosaic_gpu_gates.gate_sums(g, interpret=True))
+    assert b.dtype == np.float32 and b.shape == (B, H, T, K)
+    tol = {"rtol": 1e-6, "atol": 1e-6 * np.abs(exact).max()}
+    np.testing.assert_allclose(b, exact, **tol)
+    plan = pchunk.make_plan("tpu", True, chunk=64, scale=None, K=K, fused=False, want_final=False)
+    xla = pchunk._local_cumsum(pchunk._gate_layout(g, plan, T, K, per_key=True), plan)  # the TPU launcher's
+    np.testing.assert_allclose(b, np.asarray(xla), **tol)
+    bad = {(0, 40, 0, 3): jnp.nan, (B - 1, T - 1, H - 1, 5): 0.5, (0, T - 64, H - 1, 9): -jnp.inf}
+    for (ib, t, ih, kk), value in bad.items():
+        nan = np.isnan(np.asarray(mosaic_gpu_gates.gate_sums(g.at[ib, t, ih, kk].set(value), interpret=True)))
+        start = t // 64 * 64
+        assert nan[ib, ih, start:start + 64, kk].all() and nan.sum() == 64, (value, t)
+    with pytest.raises(ValueError, match="chunk=64"):
+        mosaic_gpu_gates.gate_sums(g[:, :T - 1], interpret=True)
+
+
+@pytest.mark.parametrize("variant, shape", [
+    ("chunk", {"T": 1, "h0": False}), ("chunk", {"T": 100, "K": 20, "V": 80, "h0": True}),
+    ("fused", {"T": 70, "K": 40, "V": 24, "h0": False})])
+def test_launcher_with_the_gate_sum_kernel_against_float64(monkeypatch, variant, shape):
+    """With the gate-sum kernel in gla_ref.pallas.chunk.GATE_SUM_KERNELS (not yet the default: it has not run on a
+    GPU), chunk_gla and fused_chunk_gla on the Mosaic GPU launcher read g in the API's layout and sum it there, in
+    the forward and again in the backward: o, the final state and every gradient, dg included, against float64."""
+    from gla_ref.pallas import chunk as pchunk
+
+    monkeypatch.setattr(pchunk, "GATE_SUM_KERNELS", pchunk.MOSAIC_GPU_GATE_SUMS)
+    with _interpreter() as params:
+        check_variant(variant, chunk_size=64, dtype=bf16, launcher="mosaic_gpu", interpret=params, **shape)
+
+
+def test_gate_sum_kernel_takes_a_bfloat16_gate_and_returns_its_gradient_in_it(monkeypatch):
+    """A bfloat16 g goes to the gate-sum kernel as it is (no float32 copy) and its gradient comes back as bfloat16
+    in g's layout, equal to the XLA path's (which casts g to float32 first) to bf16 rounding of the gradient."""
+    from gla_ref.pallas import chunk as pchunk
+
+    q, k, v = (jax.random.normal(jax.random.key(i), (1, 128, 2, 64), bf16) for i in range(3))
+    g = (jax.nn.log_sigmoid(jax.random.normal(jax.random.key(3), (1, 128, 2, 64))) / 8).astype(bf16)
+
+    def grads(params):
+        def loss(q, k, v, g):
+            o, _ = chunk_gla(q, k, v, g, launcher="mosaic_gpu", interpret=params)
+            return (o.astype(jnp.float32) ** 2).sum()
+        return jax.grad(loss, argnums=(0, 3))(q, k, v, g)
+
+    with _interpreter() as params:
+        dq_xla, dg_xla = grads(params)
+        monkeypatch.setattr(pchunk, "GATE_SUM_KERNELS", pchunk.MOSAIC_GPU_GATE_SUMS)
+        dq, dg = grads(params)
+    assert dg.dtype == bf16 and dg.shape == g.shape
+    for ours, xla in ((dq, dq_xla), (dg, dg_xla)):
+        ours, xla = np.asarray(ours, np.float32), np.asarray(xla, np.float32)
+        assert np.sqrt(np.mean((ours - xla) ** 2) / np.mean(xla ** 2)) < 1e-2

@@ -2,8 +2,8 @@
 
 Forward (paper §3.3 "with materialisation", Alg. 3):
 
-1. ``b``: the chunk-local cumulative log-gate (float32, in XLA: a matmul by a triangle of ones, or a scan for
-   the Mosaic GPU launcher, :func:`_triangular_sum`);
+1. ``b``: the chunk-local cumulative log-gate (float32; in XLA a matmul by a triangle of ones or a scan,
+   :func:`_triangular_sum`, or a launcher's kernel of its own, :data:`GATE_SUM_KERNELS`);
 2. a *state kernel* runs over the chunks in order and writes the state entering each chunk,
    ``h`` (held transposed, ``[B, H, N, V, K]``) and the final state;
 3. an *output kernel*, parallel over chunks, computes each chunk's output from its ``h`` and
@@ -38,7 +38,7 @@ from gla_ref._validate import MAX_K, MAX_V  # noqa: F401 (the limits every kerne
 from gla_ref._validate import check_chunk_sizes, check_flag, check_gate_values, check_inputs, check_scale, dtype_name
 from gla_ref._validate import check_head_dims as _check_head_dims
 from gla_ref._validate import invalid_gates_to_nan
-from gla_ref.pallas import _compat, chunk_math, gpu, mosaic_gpu, tpu
+from gla_ref.pallas import _compat, chunk_math, gpu, mosaic_gpu, mosaic_gpu_gates, tpu
 
 __all__ = ["chunk_gla"]
 
@@ -190,17 +190,50 @@ def _sums_by_scan(launcher) -> bool:
     return launcher is mosaic_gpu
 
 
-def _local_cumsum(g, C, launcher):
-    """``b``: cumulative log-gates restarting at every chunk, float32.
+GATE_SUM_KERNELS: dict = {}
+"""Launchers that sum a per-key gate in a kernel of their own, reading ``g`` in the API's ``[B, T, H, K]``
+(:func:`_gate_layout`); the others sum it in XLA (:func:`_triangular_sum`). Empty by default: the Mosaic GPU
+launcher's gate-sum kernel (:data:`MOSAIC_GPU_GATE_SUMS`) passes the Mosaic GPU interpreter and lowers for CUDA, but
+has not yet run on a GPU (no device time was left when it was written, 2026-11-27); it joins this table once
+``benchmarks/pallas_mosaic_gpu_check.py --glue`` has checked and timed it on a Hopper GPU against XLA's scan."""
+MOSAIC_GPU_GATE_SUMS = {mosaic_gpu: mosaic_gpu_gates.gate_sums}
+"""The entry :data:`GATE_SUM_KERNELS` takes to sum the Mosaic GPU launcher's per-key gates by
+:func:`gla_ref.pallas.mosaic_gpu_gates.gate_sums` (the tests and the benchmark put it there)."""
+
+
+def _gate_kernel(plan, width):
+    """The plan's gate-sum kernel for a gate laid out ``width`` columns wide by :func:`_gate_layout`, or None:
+    per-key gates only (a scalar gate's ``[C, 1]`` tile is below a TMA copy's 16-byte rows)."""
+    return GATE_SUM_KERNELS.get(plan.launcher) if width > 1 else None
+
+
+def _gate_layout(g, plan, T_pad, K_pad, per_key):
+    """``g [B, T, H, Kg]`` as the plan's :func:`_local_cumsum` reads it: for a launcher with a gate-sum kernel and a
+    ``per_key`` gate the API's layout zero-padded to ``K_pad`` columns (no copy when nothing is padded; float32,
+    bfloat16 or float16 as given), else ``[B, H, T_pad, K_pad or 1]`` in float32."""
+    if not per_key or plan.launcher not in GATE_SUM_KERNELS:
+        return _to_kernel_layout(g, T_pad, K_pad if per_key else 1, jnp.float32)
+    if g.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        g = g.astype(jnp.float32)
+    return _padded_tokens(g, T_pad, K_pad)
+
+
+def _local_cumsum(g, plan):
+    """``b [B, H, T, Kg]``: cumulative log-gates restarting at every chunk, float32, from ``g`` as
+    :func:`_gate_layout` lays it out: by the plan's gate-sum kernel, or in XLA.
 
     This is where the kernels read the gate, so an invalid one (NaN, > 0, -inf; the contract of
-    :mod:`gla_ref._validate`) becomes NaN here: an elementwise select on g, which XLA can fuse
-    with the copy that lays g out for the kernels (no extra pass over g under jit). The sums then carry
-    that NaN to every row of its chunk (:func:`_triangular_sum`), and the state carries it to every later
-    chunk: o from the bad token's chunk on, the final state and the gradients are NaN, never a finite
-    wrong answer (jit cannot check values).
+    :mod:`gla_ref._validate`) becomes NaN here: inside the gate-sum kernel, or an elementwise select on g, which
+    XLA can fuse with the copy that lays g out for the kernels (no extra pass over g under jit). The sums then
+    carry that NaN to every row of its chunk (:func:`_triangular_sum`,
+    :mod:`gla_ref.pallas.mosaic_gpu_gates`), and the state carries it to every later chunk: o from the bad
+    token's chunk on, the final state and the gradients are NaN, never a finite wrong answer (jit cannot
+    check values).
     """
-    return _triangular_sum(valid_gate(g), C, upper=False, scan=_sums_by_scan(launcher))
+    kernel = _gate_kernel(plan, g.shape[-1])
+    if kernel is not None:
+        return kernel(g, chunk=plan.chunk, interpret=plan.interpret)
+    return _triangular_sum(valid_gate(g), plan.chunk, upper=False, scan=_sums_by_scan(plan.launcher))
 
 
 def valid_gate(g):
@@ -222,7 +255,7 @@ def run(q, k, v, g, initial_state, plan: Plan):
     layout = _padded_tokens if _token_major(plan) else _to_kernel_layout
     qp, kp = (layout(x, T_pad, K_pad) for x in (q, k))
     vp = layout(v, T_pad, V_pad)
-    gp = _to_kernel_layout(g, T_pad, K_pad if g.shape[-1] == K else 1, jnp.float32)
+    gp = _gate_layout(g, plan, T_pad, K_pad, per_key=g.shape[-1] == K)
     h0 = None
     if initial_state is not None:  # kernels hold states transposed: [B, H, V, K]
         h0 = jnp.swapaxes(initial_state.astype(jnp.float32), 2, 3)
@@ -288,7 +321,7 @@ def checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size
 def _kernels(plan: Plan):
     @jax.custom_vjp
     def f(q, k, v, g, h0):
-        return _forward(plan, q, k, v, _local_cumsum(g, plan.chunk, plan.launcher), h0)
+        return _forward(plan, q, k, v, _local_cumsum(g, plan), h0)
 
     def f_fwd(q, k, v, g, h0):
         o, ht = f(q, k, v, g, h0)
@@ -298,12 +331,14 @@ def _kernels(plan: Plan):
         q, k, v, g, h0, ht = res
         do, dht = cotangents
         do = do.astype(q.dtype)
-        dq, dk, dv, dh0, dg = _backward(plan, q, k, v, _local_cumsum(g, plan.chunk, plan.launcher), h0, do, dht)
+        dq, dk, dv, dh0, dg = _backward(plan, q, k, v, _local_cumsum(g, plan), h0, do, dht)
         dq, dk = dq.sum(2), dk.sum(2)  # partials of the value blocks, [B, H, T, K]
         if plan.fused:  # no state beside its gradient in one kernel: the chunk-local form from a, c
             qh, kh = (_swapped_if_token_major(x, plan) for x in (q, k))  # [B, H, T, K], as dq and dk
             dg = _fused_gate_grad(qh, kh, dq, dk, g, ht, dht, plan.chunk, *dg, scan=_sums_by_scan(plan.launcher))
         dq, dk = (_swapped_if_token_major(x, plan) for x in (dq, dk))  # in q's and k's layout
+        if _gate_kernel(plan, g.shape[-1]) is not None:  # g came in the API's layout and dtype
+            dg = jnp.swapaxes(dg, 1, 2).astype(g.dtype)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dh0
 
     f.defvjp(f_fwd, f_bwd)

@@ -18,7 +18,8 @@ forward+backward at T = 4K-16K (2026-11-25). Since the kernels read q, k, v, dO 
 ``[B, T, H, D]`` (:data:`TOKEN_MAJOR`) and its gates are summed by a scan, on 2026-11-27 (same machine,
 benchmarks/results/mosaic_glue_nvidia_h200.json) 1.44-1.53x its forward at T=4096 (1.80 or 1.78 ms), 1.63x at 16384
 (6.17 ms) and 2.58x its forward+backward at 4096 (11.29 against 4.38 ms). The two forward kernels alone take 1.35x
-and 1.30x Triton's forward; the gates' XLA sums (0.60 and 1.81 ms) are the rest. The gradient kernel, one
+and 1.30x Triton's forward; the gates' XLA sums (0.60 and 1.81 ms) are the rest (a kernel for them,
+:mod:`gla_ref.pallas.mosaic_gpu_gates`, one read of g and one write of b, waits for its first GPU run). The gradient kernel, one
 warpgroup per chunk and one program per SM (212 KiB of SMEM at K = 128), is most of the backward's gap. The CPU
 tests run it in the Mosaic GPU interpreter and lower it for CUDA. Every kernel of both paths is a Mosaic GPU
 kernel, with the layout and the chunk math of the other launchers:
