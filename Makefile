@@ -14,7 +14,7 @@ NOTEBOOKS_MD := $(sort $(wildcard notebooks/[0-9][0-9]_*.md))
 NOTEBOOKS := $(NOTEBOOKS_MD:.md=.ipynb)
 JOBS ?= 2
 
-.PHONY: test unit jax-latest nbval reader book book-build site-check notebooks browser bench clean
+.PHONY: test disk unit jax-latest nbval reader book book-build site-check notebooks browser bench clean
 
 # ---- environment -----------------------------------------------------------------------------
 $(STAMP): pyproject.toml
@@ -66,10 +66,21 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	  else echo "make test needs chromium and chromedriver on PATH (e.g. apt-get install chromium chromium-driver)"; exit 1; fi; }
 
+# make test builds two more environments beside $(VENV): $(JAX_LATEST_VENV) and the reader's (torch and jax, in a
+# temporary folder, removed when its test passes). From a fresh clone the disk use peaked about 5.1 GB above the
+# start (2026-11-27, sampled every 20 s); a machine with less free space fails here, saying so, rather than in pip.
+DISK_GB ?= 5
+disk:
+	@for dir in . "$${TMPDIR:-/tmp}"; do \
+	  free=$$(df -Pk "$$dir" | awk 'NR == 2 {print int($$4 / 1048576)}'); \
+	  if [ "$$free" -lt $(DISK_GB) ]; then echo "make test needs about $(DISK_GB) GB of free disk (three Python" \
+	    "environments, one of them temporary); $$dir has $$free GB free. Free some, or set DISK_GB to try anyway."; \
+	    exit 1; fi; done
+
 # ---- make test: unit tests, the jax-only tests again under the newest jax (make jax-latest), nbval over
 # every notebook, the reader's test (the wheel in a fresh environment, every notebook executed outside the
 # repository), the book from stored outputs, browser check
-test: $(STAMP) browser
+test: disk $(STAMP) browser
 	$(PY) -m pytest tests --ignore=tests/site --ignore=tests/reader -n $(JOBS) -q
 	$(MAKE) jax-latest
 	$(PY) -m pytest --nbval-lax $(NOTEBOOKS) -q
