@@ -622,6 +622,10 @@ def test_gate_sum_kernel_against_float64(dtype, B, T, H, K):
         assert nan[ib, ih, start:start + 64, kk].all() and nan.sum() == 64, (value, t)
     with pytest.raises(ValueError, match="chunk=64"):
         mosaic_gpu_gates.gate_sums(g[:, :T - 1], interpret=True)
+    with pytest.raises(ValueError, match="K=48"):
+        mosaic_gpu_gates.gate_sums(g[..., :48], interpret=True)
+    with pytest.raises(TypeError, match="int32"):
+        mosaic_gpu_gates.gate_sums(g.astype(jnp.int32), interpret=True)
 
 
 @pytest.mark.parametrize("variant, shape", [

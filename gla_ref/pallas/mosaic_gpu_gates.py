@@ -4,8 +4,8 @@ Status: checked in the Mosaic GPU interpreter against float64 and lowered for CU
 not yet run on a GPU, so not yet the launcher's default (:data:`gla_ref.pallas.chunk.GATE_SUM_KERNELS`).
 
 ``b_t = Σ_{s ≤ t in t's chunk} g_s`` (float32, :func:`gla_ref.pallas.chunk._local_cumsum`), read by every later
-kernel. In XLA this step was a layout change of ``g`` from ``[B, T, H, K]`` to ``[B, H, T, K]``, a cast and a scan:
-on the H200 (jax 0.11.2, B=8, H=16, K=128) 0.60 ms at T=4096 and 1.81 ms at T=16384, a third of the launcher's
+kernel. In XLA this step is a layout change of ``g`` from ``[B, T, H, K]`` to ``[B, H, T, K]``, a cast and a scan:
+on the H200 (jax 0.11.2, B=8, H=16, K=128) 0.60 ms at T=4096 and 1.81 ms at T=16384, about a third of the launcher's
 forward (benchmarks/results/mosaic_glue_nvidia_h200.json). Here one program per chunk reads its ``g`` tile
 straight from the API's layout by TMA and writes its ``b`` tile in the kernel layout: the least HBM traffic
 the step can have.
@@ -38,7 +38,7 @@ from jax.experimental import pallas as pl
 
 from gla_ref._validate import invalid_gates_to_nan
 from gla_ref.pallas import _compat
-from gla_ref.pallas.mosaic_gpu import CHUNK, _interpret_params, _Ops, _score_iotas, _tokens, _transforms
+from gla_ref.pallas.mosaic_gpu import CHUNK, MIN_DIM, _interpret_params, _Ops, _score_iotas, _tokens, _transforms
 
 PARTS = 3
 """bf16 parts of a float32 gate: 3 × 8 significant bits hold a float32's 24."""
@@ -108,6 +108,10 @@ def gate_sums(g, *, chunk=CHUNK, interpret=False):
     B, T, H, K = g.shape
     if chunk != CHUNK or T % chunk:
         raise ValueError(f"gate_sums takes chunk={CHUNK} and T a multiple of it, got chunk={chunk}, T={T}")
+    if K < MIN_DIM or K & (K - 1):
+        raise ValueError(f"gate_sums takes g with K a power of two >= {MIN_DIM} (a swizzled TMA row), got K={K}")
+    if g.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        raise TypeError(f"gate_sums takes g as float32, bfloat16 or float16, got {jnp.dtype(g.dtype).name}")
     mgpu = _compat.mosaic_gpu()
     kernel, scratch = _gate_sum_kernel(chunk, K, g.dtype, interpret)
     call = mgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((B, H, T, K), jnp.float32), scratch_types=scratch,
