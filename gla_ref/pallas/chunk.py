@@ -213,7 +213,7 @@ def _gate_layout(g, plan, T_pad, K_pad, per_key):
     bfloat16 or float16 as given), else ``[B, H, T_pad, K_pad or 1]`` in float32."""
     if not per_key or plan.launcher not in GATE_SUM_KERNELS:
         return _to_kernel_layout(g, T_pad, K_pad if per_key else 1, jnp.float32)
-    if g.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+    if g.dtype not in mosaic_gpu_gates.GATE_DTYPES:
         g = g.astype(jnp.float32)
     return _padded_tokens(g, T_pad, K_pad)
 

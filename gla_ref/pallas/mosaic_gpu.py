@@ -19,8 +19,8 @@ forward+backward at T = 4K-16K (2026-11-25). Since the kernels read q, k, v, dO 
 benchmarks/results/mosaic_glue_nvidia_h200.json) 1.44-1.53x its forward at T=4096 (1.80 or 1.78 ms), 1.63x at 16384
 (6.17 ms) and 2.58x its forward+backward at 4096 (11.29 against 4.38 ms). The two forward kernels alone take 1.35x
 and 1.30x Triton's forward; the gates' XLA sums (0.60 and 1.81 ms) are the rest (a kernel for them,
-:mod:`gla_ref.pallas.mosaic_gpu_gates`, one read of g and one write of b, waits for its first GPU run). The gradient kernel, one
-warpgroup per chunk and one program per SM (212 KiB of SMEM at K = 128), is most of the backward's gap. The CPU
+:mod:`gla_ref.pallas.mosaic_gpu_gates`, one read of g and one write of b, waits for its first GPU run). The
+gradient kernel, one warpgroup per chunk and one program per SM (212 KiB of SMEM at K = 128), is most of the backward's gap. The CPU
 tests run it in the Mosaic GPU interpreter and lower it for CUDA. Every kernel of both paths is a Mosaic GPU
 kernel, with the layout and the chunk math of the other launchers:
 
@@ -492,11 +492,12 @@ def _causal(ops, x):
     return jnp.where(srow >= scol, x, 0.0)
 
 
-def _upper_ones(ops, C, dtype):
-    """``U [C, C]``, ones on and above the diagonal: ``U x`` sums ``x`` over the rows ``s ≥ t`` of a chunk."""
+def _triangle_ones(ops, C, dtype, upper=True):
+    """``U [C, C]``, ones on and above the diagonal: ``U x`` sums ``x`` over the rows ``s ≥ t`` of a chunk; or, not
+    ``upper``, ``L``, ones on and below it, which sums over ``s ≤ t``."""
     srow, scol = _score_iotas(ops, C)
-    upper = scol >= srow
-    return jnp.where(upper, ops.cast(jnp.ones((C, C), jnp.float32), ops.mgpu.Layout.WGMMA), 0.0).astype(dtype)
+    inside = scol >= srow if upper else scol <= srow
+    return jnp.where(inside, ops.cast(jnp.ones((C, C), jnp.float32), ops.mgpu.Layout.WGMMA), 0.0).astype(dtype)
 
 
 class _Chunk:
@@ -955,7 +956,7 @@ def _grad_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, 
         # ones: two wgmmas, of x's bf16 part and of its bf16 remainder (U exact in bf16; what the two parts
         # miss of x is under 2⁻¹⁶ of it, and the products are summed in float32). x goes to SMEM first, dq
         # and dk leave, then dg is formed: fewer [C, K] arrays held at once.
-        a_s[...] = _upper_ones(ops, C, dtype)
+        a_s[...] = _triangle_ones(ops, C, dtype)
         x_s[...], y_s[...] = _split(tile.q * dq - tile.k * dk, dtype)
         mgpu.commit_smem()
 
@@ -1099,7 +1100,7 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
                 mgpu.commit_smem()
                 mgpu.copy_smem_to_gmem(buf, ref)
 
-            u_s[...] = _upper_ones(ops, C, dtype)
+            u_s[...] = _triangle_ones(ops, C, dtype)
             send(_tokens(dv_ref, ib, ih, rows, cols), dv)
             for c in range(nk):
                 keys = pl.ds(c * BK, BK)

@@ -38,8 +38,11 @@ from jax.experimental import pallas as pl
 
 from gla_ref._validate import invalid_gates_to_nan
 from gla_ref.pallas import _compat
-from gla_ref.pallas.mosaic_gpu import CHUNK, MIN_DIM, _interpret_params, _Ops, _score_iotas, _tokens, _transforms
+from gla_ref.pallas.mosaic_gpu import CHUNK, MIN_DIM, _interpret_params, _Ops, _tokens, _transforms, _triangle_ones
 
+GATE_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+"""The dtypes of ``g`` the kernel reads as they are (others are cast to float32 before it, in
+:func:`gla_ref.pallas.chunk._gate_layout`)."""
 PARTS = 3
 """bf16 parts of a float32 gate: 3 × 8 significant bits hold a float32's 24."""
 
@@ -67,10 +70,8 @@ def _gate_sum_kernel(C, K, dtype, interpret):
         ib, ih, n = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("n")
         rows = pl.ds(n * C, C)
         mgpu.copy_gmem_to_smem(_tokens(g_ref, ib, ih, rows), g_s, ready.at[0])
-        srow, scol = _score_iotas(ops, C)  # L and 𝟙 are formed while the tile is on its way
-        ones = ops.cast(jnp.ones((C, C), f32), W)
-        tri_s[...] = jnp.where(scol <= srow, ones, 0.0).astype(bf16)
-        ones_s[...] = ones.astype(bf16)
+        tri_s[...] = _triangle_ones(ops, C, bf16, upper=False)  # L and 𝟙 are formed while the tile is on its way
+        ones_s[...] = ops.cast(jnp.ones((C, C), f32), W).astype(bf16)
         mgpu.barrier_wait(ready.at[0])
         g = invalid_gates_to_nan(ops.load(g_s, W).astype(f32), jnp.where)
 
@@ -110,7 +111,7 @@ def gate_sums(g, *, chunk=CHUNK, interpret=False):
         raise ValueError(f"gate_sums takes chunk={CHUNK} and T a multiple of it, got chunk={chunk}, T={T}")
     if K < MIN_DIM or K & (K - 1):
         raise ValueError(f"gate_sums takes g with K a power of two >= {MIN_DIM} (a swizzled TMA row), got K={K}")
-    if g.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+    if g.dtype not in GATE_DTYPES:
         raise TypeError(f"gate_sums takes g as float32, bfloat16 or float16, got {jnp.dtype(g.dtype).name}")
     mgpu = _compat.mosaic_gpu()
     kernel, scratch = _gate_sum_kernel(chunk, K, g.dtype, interpret)
