@@ -6,7 +6,7 @@
     python benchmarks/pallas_mosaic_gpu_check.py --accuracy-T --cases NAME ...  # timing of some cases only
     python benchmarks/pallas_mosaic_gpu_check.py --accuracy-T 4096 16384 --variants fused --no-timing
     python benchmarks/pallas_mosaic_gpu_check.py --glue --T 4096 16384  # the forward's parts; the gate-sum kernel
-    python benchmarks/pallas_mosaic_gpu_check.py --gate-kernel ...  # any of the above with the gate-sum kernel
+    python benchmarks/pallas_mosaic_gpu_check.py --xla-gate-sums ...  # the above with XLA's scan for the gates
     python benchmarks/pallas_mosaic_gpu_check.py --smoke         # any machine: interpreter accuracy, no timing
 
 Accuracy: every Pallas path (:data:`VARIANTS`: ``chunk_gla``, ``fused_chunk_gla`` and
@@ -170,6 +170,8 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
     kernel jitted alone on the inputs the custom VJP gives it (q, k, v, dO in the launcher's layout: ``[B, T, H, D]``
     for Mosaic GPU, its ``TOKEN_MAJOR``, the kernel layout ``[B, H, T, D]`` for the Triton backend; the
     chunk-local cumulative gates), so the time of a step is read per kernel, not guessed from the total.
+    ``state_fwd`` and ``chunk_fwd_o`` as the forward runs them (the states in the input dtype on Mosaic GPU,
+    :func:`gla_ref.pallas.chunk.output_states`), ``chunk_bwd`` on the backward's float32 states.
     Appends to ``rows``, calling ``save()`` after each; ``launchers`` and ``steps`` select the rows."""
     import jax
     from pallas_harness import _pallas_bench_inputs
@@ -189,13 +191,15 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
         if not getattr(L, "TOKEN_MAJOR", False):
             tokens = tuple(pchunk._to_kernel_layout(x, T, K) for x in tokens)
         qp, kp, vp, dop = tokens
-        h = jax.jit(functools.partial(L.state_fwd, want_final=False, **kw))(kp, vp, b, None)[0]
+        forward_states = functools.partial(L.state_fwd, want_final=False, **kw, **pchunk.output_states(L, q.dtype))
+        h = jax.jit(forward_states)(kp, vp, b, None)[0]
         dso = jax.jit(functools.partial(L.state_bwd, scale=scale, want_dh0=False, **kw))(qp, b, dop, None)[0]
+        h_bwd = jax.jit(functools.partial(L.state_fwd, want_final=False, **kw))(kp, vp, b, None)[0]  # float32
         kernel_steps = {
-            "state_fwd": (functools.partial(L.state_fwd, want_final=False, **kw), (kp, vp, b, None)),
+            "state_fwd": (forward_states, (kp, vp, b, None)),
             "chunk_fwd_o": (functools.partial(L.chunk_fwd_o, scale=scale, **kw), (qp, kp, vp, b, h)),
             "state_bwd": (functools.partial(L.state_bwd, scale=scale, want_dh0=False, **kw), (qp, b, dop, None)),
-            "chunk_bwd": (functools.partial(L.chunk_bwd, scale=scale, **kw), (qp, kp, vp, b, dop, h, dso)),
+            "chunk_bwd": (functools.partial(L.chunk_bwd, scale=scale, **kw), (qp, kp, vp, b, dop, h_bwd, dso)),
         }
         for step in steps:
             fn, args = kernel_steps[step]
@@ -213,7 +217,7 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
 @contextlib.contextmanager
 def gate_kernel(on=True):
     """Within: the Mosaic GPU launcher sums per-key gates by its gate-sum kernel
-    (:data:`gla_ref.pallas.chunk.MOSAIC_GPU_GATE_SUMS`, not yet the default) if ``on``, by XLA's scan if not."""
+    (:data:`gla_ref.pallas.chunk.MOSAIC_GPU_GATE_SUMS`, the default) if ``on``, by XLA's scan if not."""
     from gla_ref.pallas import chunk as pchunk
 
     saved = dict(pchunk.GATE_SUM_KERNELS)
@@ -267,8 +271,8 @@ def glue_rows(T, K, rows, save):
     K=V=``K``, bf16: the whole forward, its two kernels alone, and alone the step that
     :func:`gla_ref.pallas.chunk.run` takes before them, beside ``gla_ref.triton.chunk_gla``'s forward. The launcher
     reads q, k, v and writes o in their own ``[B, T, H, D]`` (``TOKEN_MAJOR``), so that step is the gates': the
-    chunk-local cumulative sums b, float32, in the kernel layout ``[B, H, T, K]``, by XLA's scan (the default) and
-    by the gate-sum kernel (:func:`gate_kernel`), and the forward with each. Appends to ``rows``, calling
+    chunk-local cumulative sums b, float32, in the kernel layout ``[B, H, T, K]``, by XLA's scan and by
+    the gate-sum kernel (:func:`gate_kernel`, the default), and the forward with each. Appends to ``rows``, calling
     ``save()`` after each."""
     import jax
     from pallas_harness import _pallas_bench_inputs
@@ -309,8 +313,8 @@ def main(argv=None):
     parser.add_argument("--glue", action="store_true",
                         help="instead: the Mosaic GPU forward cut into its kernels and the gates' sums before them, "
                         "by XLA and by the gate-sum kernel, which is also checked against float64 (K=V=128)")
-    parser.add_argument("--gate-kernel", action="store_true",
-                        help="accuracy and timing with the Mosaic GPU gate-sum kernel (not yet the default)")
+    parser.add_argument("--xla-gate-sums", action="store_true",
+                        help="accuracy and timing with the gates summed by XLA's scan, not the gate-sum kernel")
     parser.add_argument("--cases", nargs="+", choices=sorted({name for name, _ in CASES}),
                         help="time only these cases (default all)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS,
@@ -349,8 +353,8 @@ def main(argv=None):
         for K in (128, 64):
             kernel_rows(args.T[0], K, result["kernels"], save)
     else:
-        result["gate_sum_kernel"] = args.gate_kernel
-        with gate_kernel(args.gate_kernel):
+        result["gate_sum_kernel"] = not args.xla_gate_sums
+        with gate_kernel(not args.xla_gate_sums):
             result["accuracy"] = accuracy_rows(args.accuracy_T, smoke=False, variants=args.variants)
             save()
             if not args.no_timing:

@@ -198,12 +198,12 @@ def _tokens(x):
     return jnp.swapaxes(x, 1, 2)
 
 
-def _output_case(K, gates, seed=5, T=128):
+def _output_case(K, gates, seed=5, T=128, V=64):
     """``T / 64`` chunks of ``chunk_fwd_o``'s inputs (q, k, v in the launcher's ``[B, T, H, D]``, b and the states
-    ``[B, H, …]``; one value block) with the log-gates ``gates(rng, shape)``, and the float64 output's two terms,
-    inter-chunk ``(Q ⊙ e^{b}) S`` and intra-chunk ``A V``."""
+    ``[B, H, …]``; one value block of 64 by default) with the log-gates ``gates(rng, shape)``, and the float64
+    output's two terms, inter-chunk ``(Q ⊙ e^{b}) S`` and intra-chunk ``A V``."""
     rng = np.random.default_rng(seed)
-    B, H, V, C = 1, 1, 64, 64
+    B, H, C = 1, 1, 64
     q, k = (jnp.asarray(rng.standard_normal((B, H, T, K)), bf16) for _ in range(2))
     v = jnp.asarray(rng.standard_normal((B, H, T, V)), bf16)
     b = jnp.cumsum(jnp.asarray(gates(rng, (B, H, T // C, C, K)), jnp.float32), axis=3).reshape(B, H, T, K)
@@ -241,6 +241,30 @@ def test_output_forms_fit_the_float64_scores(K):
         err = np.linalg.norm(o - inter - intra) / np.linalg.norm(inter + intra)
         fit = np.sum((o - inter) * intra) / np.sum(intra * intra)
         assert err < 5e-3 and abs(fit - 1) < 4e-4, (form, err, fit)
+
+
+@pytest.mark.parametrize("K, V", [(64, 128), (128, 64)])
+def test_forward_states_in_the_input_dtype_leave_o_unchanged(K, V):
+    """The forward's states in bf16 (state_fwd's ``states_dtype``, what chunk_gla's forward asks for on this
+    launcher: gla_ref.pallas.chunk.output_states): state_fwd writes its float32 states rounded to bf16, to the bit,
+    and its final state in float32 as before; chunk_fwd_o on the bf16 states gives the o of the float32 ones, to
+    the bit, in each form (whole-chunk, fast and exact sub-chunk), since it rounds them to bf16 as its wgmma operand
+    either way; at V = 128 the whole-chunk form then takes value blocks of 128 (mosaic_gpu._output_dims), one
+    program where float32 states take two. Mosaic GPU interpreter, two chunks, with an initial state."""
+    (q, k, v, b, _), _, _ = _output_case(K, lambda rng, shape: -rng.uniform(0.1, 0.2, shape), V=V)
+    assert mgpu_launcher._output_dims(mgpu_launcher._dims(q, v, 64), bf16, bf16).BV == V
+    h0 = jax.random.normal(jax.random.key(K), (1, 1, v.shape[-1], K), jnp.float32)
+    with _interpreter() as params:
+        h32, ht32 = mgpu_launcher.state_fwd(k, v, b, h0, chunk=64, want_final=True, interpret=params)
+        h16, ht16 = mgpu_launcher.state_fwd(k, v, b, h0, chunk=64, want_final=True, interpret=params,
+                                            states_dtype=bf16)
+        assert h32.dtype == jnp.float32 and h16.dtype == bf16 and ht16.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(h16), np.asarray(h32.astype(bf16)))
+        np.testing.assert_array_equal(np.asarray(ht16), np.asarray(ht32))
+        for form in ({"whole_chunk": True}, {"exact": False}, {"exact": True}):
+            o32, o16 = (mgpu_launcher.chunk_fwd_o(q, k, v, b, h, chunk=64, scale=0.25, interpret=params, **form)
+                        for h in (h32, h16))
+            np.testing.assert_array_equal(np.asarray(o16), np.asarray(o32), err_msg=str(form))
 
 
 @pytest.mark.parametrize("K", [64, 128])
@@ -444,27 +468,28 @@ def _mosaic_calls(text):
     return len(re.findall(r"custom_call @mosaic_gpu", text))
 
 
-@pytest.mark.parametrize("fused, gate, B, T, H, K, V, with_gate_kernel", [
+@pytest.mark.parametrize("fused, gate, B, T, H, K, V, xla_gate_sums", [
     (False, "gla", 2, 100, 2, 20, 200, False), (False, "gla", 1, 1, 1, 128, 64, False),
     (False, "gla", 1, 77, 3, 96, 48, False), (True, "gla", 2, 100, 2, 20, 200, False),
     (True, "gla", 1, 77, 3, 64, 48, False),
+    (False, "gla", 1, 77, 1, 128, 128, False),
     (False, "scalar", 2, 100, 2, 128, 72, False), (True, "gamma", 1, 77, 3, 64, 48, False),
     (False, "gla", 1, 77, 3, 96, 48, True), (True, "gla", 2, 100, 2, 20, 200, True)])
-def test_lowers_for_cuda(monkeypatch, fused, gate, B, T, H, K, V, with_gate_kernel):
+def test_lowers_for_cuda(monkeypatch, fused, gate, B, T, H, K, V, xla_gate_sums):
     """Forward and VJP lowered for CUDA: Mosaic GPU's own lowering accepts every layout, swizzle,
     TMA copy, wgmma shape and the SMEM budget (227 KiB a block). The non-fused forward is two Mosaic GPU
     kernels (states, output), its VJP five (those two, the states recomputed in the backward, the
     state gradients, the chunk gradients); the fused forward is one, its VJP three (forward, the dq loop,
-    the reverse dk, dv loop); no Triton-backend kernel is left. With the gate-sum kernel in
-    gla_ref.pallas.chunk.GATE_SUM_KERNELS, a per-key gate adds it to the forward and to the backward (which sums
-    the gates again). A per-key gate's per-chunk kernels come
+    the reverse dk, dv loop); no Triton-backend kernel is left. A per-key gate adds the gate-sum kernel
+    (gla_ref.pallas.chunk.GATE_SUM_KERNELS) to the forward and to the backward (which sums the gates again), unless
+    the table is emptied (``xla_gate_sums``: XLA's scan instead). A per-key gate's per-chunk kernels come
     twice, in the fast and the exact form of their diagonal tiles (lax.cond on gentle_gates), and the non-fused
     ones a third time, in their whole-chunk form (lax.cond on whole_chunk_gates; at K = 96 and 128 in two key
     blocks of 64)."""
     from gla_ref.pallas import chunk as pchunk
 
-    if with_gate_kernel:
-        monkeypatch.setattr(pchunk, "GATE_SUM_KERNELS", pchunk.MOSAIC_GPU_GATE_SUMS)
+    if xla_gate_sums:
+        monkeypatch.setattr(pchunk, "GATE_SUM_KERNELS", {})
     sds = jax.ShapeDtypeStruct
     mode = "fused" if fused else "chunk"
     call = {"gla": fused_chunk_gla if fused else chunk_gla,
@@ -485,7 +510,7 @@ def test_lowers_for_cuda(monkeypatch, fused, gate, B, T, H, K, V, with_gate_kern
         forward, both = (jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
                          for f in (fwd, fwd_bwd))
     forms = 2 if gate == "gla" else 1
-    sums = gate == "gla" and with_gate_kernel  # the gate-sum kernel, in the forward and again in the backward
+    sums = gate == "gla" and not xla_gate_sums  # the gate-sum kernel, in the forward and again in the backward
     if fused:
         names = ("gla_fused_fwd_mgpu", "gla_fused_bwd_dq_mgpu", "gla_fused_bwd_dkv_mgpu")
         assert _mosaic_calls(forward) == sums + forms and _mosaic_calls(both) == 2 * sums + 3 * forms
@@ -590,7 +615,7 @@ def test_benchmark_glue_rows_time_what_run_does_around_the_kernels(monkeypatch):
     assert kernels == [(128, 64, {"launchers": ("mosaic_gpu",), "steps": ("state_fwd", "chunk_fwd_o")})]
     from gla_ref.pallas import chunk as pchunk
 
-    assert pchunk.GATE_SUM_KERNELS == {}
+    assert pchunk.GATE_SUM_KERNELS == pchunk.MOSAIC_GPU_GATE_SUMS
     check = script.gate_kernel_check(128, 64, interpret=True)
     assert check["max_abs_err_rel_to_max"] < 1e-6 and check["invalid_gates_fill_their_chunk_column"] == [True] * 3
 
@@ -631,13 +656,14 @@ def test_gate_sum_kernel_against_float64(dtype, B, T, H, K):
 @pytest.mark.parametrize("variant, shape", [
     ("chunk", {"T": 1, "h0": False}), ("chunk", {"T": 100, "K": 20, "V": 80, "h0": True}),
     ("fused", {"T": 70, "K": 40, "V": 24, "h0": False})])
-def test_launcher_with_the_gate_sum_kernel_against_float64(monkeypatch, variant, shape):
-    """With the gate-sum kernel in gla_ref.pallas.chunk.GATE_SUM_KERNELS (not yet the default: it has not run on a
-    GPU), chunk_gla and fused_chunk_gla on the Mosaic GPU launcher read g in the API's layout and sum it there, in
-    the forward and again in the backward: o, the final state and every gradient, dg included, against float64."""
+def test_launcher_with_gate_sums_by_xla_against_float64(monkeypatch, variant, shape):
+    """With gla_ref.pallas.chunk.GATE_SUM_KERNELS emptied (the benchmark's way to time XLA's scan), chunk_gla and
+    fused_chunk_gla on the Mosaic GPU launcher lay g out as the kernel layout in float32 and sum it by the scan,
+    in the forward and again in the backward: o, the final state and every gradient, dg included, against float64
+    (the other tests of this launcher run with the gate-sum kernel, the default)."""
     from gla_ref.pallas import chunk as pchunk
 
-    monkeypatch.setattr(pchunk, "GATE_SUM_KERNELS", pchunk.MOSAIC_GPU_GATE_SUMS)
+    monkeypatch.setattr(pchunk, "GATE_SUM_KERNELS", {})
     with _interpreter() as params:
         check_variant(variant, chunk_size=64, dtype=bf16, launcher="mosaic_gpu", interpret=params, **shape)
 
@@ -657,9 +683,9 @@ def test_gate_sum_kernel_takes_a_bfloat16_gate_and_returns_its_gradient_in_it(mo
         return jax.grad(loss, argnums=(0, 3))(q, k, v, g)
 
     with _interpreter() as params:
-        dq_xla, dg_xla = grads(params)
-        monkeypatch.setattr(pchunk, "GATE_SUM_KERNELS", pchunk.MOSAIC_GPU_GATE_SUMS)
         dq, dg = grads(params)
+        monkeypatch.setattr(pchunk, "GATE_SUM_KERNELS", {})
+        dq_xla, dg_xla = grads(params)
     assert dg.dtype == bf16 and dg.shape == g.shape
     for ours, xla in ((dq, dq_xla), (dg, dg_xla)):
         ours, xla = np.asarray(ours, np.float32), np.asarray(xla, np.float32)

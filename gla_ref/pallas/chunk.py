@@ -5,7 +5,8 @@ Forward (paper §3.3 "with materialisation", Alg. 3):
 1. ``b``: the chunk-local cumulative log-gate (float32; in XLA a matmul by a triangle of ones or a scan,
    :func:`_triangular_sum`, or a launcher's kernel of its own, :data:`GATE_SUM_KERNELS`);
 2. a *state kernel* runs over the chunks in order and writes the state entering each chunk,
-   ``h`` (held transposed, ``[B, H, N, V, K]``) and the final state;
+   ``h`` (held transposed, ``[B, H, N, V, K]``; float32, or in the input dtype where the output kernel
+   alone reads it, :func:`output_states`) and the final state;
 3. an *output kernel*, parallel over chunks, computes each chunk's output from its ``h`` and
    the two-level intra-chunk scores (:mod:`gla_ref.pallas.chunk_math`).
 
@@ -190,15 +191,15 @@ def _sums_by_scan(launcher) -> bool:
     return launcher is mosaic_gpu
 
 
-GATE_SUM_KERNELS: dict = {}
-"""Launchers that sum a per-key gate in a kernel of their own, reading ``g`` in the API's ``[B, T, H, K]``
-(:func:`_gate_layout`); the others sum it in XLA (:func:`_triangular_sum`). Empty by default: the Mosaic GPU
-launcher's gate-sum kernel (:data:`MOSAIC_GPU_GATE_SUMS`) passes the Mosaic GPU interpreter and lowers for CUDA, but
-has not yet run on a GPU (no device time was left when it was written, 2026-11-27); it joins this table once
-``benchmarks/pallas_mosaic_gpu_check.py --glue`` has checked and timed it on a Hopper GPU against XLA's scan."""
 MOSAIC_GPU_GATE_SUMS = {mosaic_gpu: mosaic_gpu_gates.gate_sums}
-"""The entry :data:`GATE_SUM_KERNELS` takes to sum the Mosaic GPU launcher's per-key gates by
-:func:`gla_ref.pallas.mosaic_gpu_gates.gate_sums` (the tests and the benchmark put it there)."""
+"""The Mosaic GPU launcher's gate-sum kernel, :func:`gla_ref.pallas.mosaic_gpu_gates.gate_sums`, as an entry of
+:data:`GATE_SUM_KERNELS`."""
+GATE_SUM_KERNELS: dict = dict(MOSAIC_GPU_GATE_SUMS)
+"""Launchers that sum a per-key gate in a kernel of their own, reading ``g`` in the API's ``[B, T, H, K]``
+(:func:`_gate_layout`); the others sum it in XLA (:func:`_triangular_sum`). The Mosaic GPU launcher's kernel
+(:data:`MOSAIC_GPU_GATE_SUMS`), checked and timed on an H200 against XLA's scan
+(benchmarks/results/mosaic_forward_nvidia_h200.json, gate_kernel_only: the gates' step 0.62 -> 0.48 ms at T=4096 and
+1.81 -> 1.21 ms at T=16384, B=8, H=16, K=128), is in it; the benchmark empties the table to time the scan."""
 
 
 def _gate_kernel(plan, width):
@@ -271,8 +272,16 @@ def _forward(plan: Plan, q, k, v, b, h0):
     L, kw = plan.launcher, {"chunk": plan.chunk, "interpret": plan.interpret}
     if plan.fused:
         return L.fused_fwd(q, k, v, b, h0, scale=plan.scale, want_final=plan.want_final, **kw)
-    h, ht = L.state_fwd(k, v, b, h0, want_final=plan.want_final, **kw)
+    h, ht = L.state_fwd(k, v, b, h0, want_final=plan.want_final, **kw, **output_states(L, q.dtype))
     return L.chunk_fwd_o(q, k, v, b, h, scale=plan.scale, **kw), ht
+
+
+def output_states(launcher, dtype) -> dict:
+    """The forward's state kernel's keywords for the states only its output kernel reads: the Mosaic GPU launcher
+    writes them in the input ``dtype`` (:func:`gla_ref.pallas.mosaic_gpu.state_fwd`: its output kernel rounds them
+    to that dtype anyway, so o is unchanged and the states' bytes halve in bf16); the others keep float32. The
+    backward recomputes the states in float32 on every launcher."""
+    return {"states_dtype": dtype} if launcher is mosaic_gpu else {}
 
 
 def _backward(plan: Plan, q, k, v, b, h0, do, dht):

@@ -15,12 +15,14 @@ for the calls it takes (:func:`supported`; :func:`gla_ref.pallas.chunk.make_plan
 (``chunk_simple_gla``, g_gamma or g: 1.2-1.7x slower than the Triton-backend launcher there), and it is still slower
 than ``gla_ref.triton.chunk_gla`` timed in the same runs: at K=V=128 2.0-2.2x its forward and 2.7-2.9x its
 forward+backward at T = 4K-16K (2026-11-25). Since the kernels read q, k, v, dO and write o, dv in the API's
-``[B, T, H, D]`` (:data:`TOKEN_MAJOR`) and its gates are summed by a scan, on 2026-11-27 (same machine,
-benchmarks/results/mosaic_glue_nvidia_h200.json) 1.44-1.53x its forward at T=4096 (1.80 or 1.78 ms), 1.63x at 16384
-(6.17 ms) and 2.58x its forward+backward at 4096 (11.29 against 4.38 ms). The two forward kernels alone take 1.35x
-and 1.30x Triton's forward; the gates' XLA sums (0.60 and 1.81 ms) are the rest (a kernel for them,
-:mod:`gla_ref.pallas.mosaic_gpu_gates`, one read of g and one write of b, waits for its first GPU run). The
-gradient kernel, one warpgroup per chunk and one program per SM (212 KiB of SMEM at K = 128), is most of the backward's gap. The CPU
+``[B, T, H, D]`` (:data:`TOKEN_MAJOR`), the gates are summed by a kernel of their own
+(:mod:`gla_ref.pallas.mosaic_gpu_gates`), the forward writes its states in the input dtype (:func:`state_fwd`) and
+the whole-chunk output kernel takes 128 value columns a program (:func:`_output_dims`), the forward takes 1.09x
+Triton's at T=4096 (1.106 against 1.017 ms) and 1.00x at 16384 (3.795 against 3.801 ms), and the forward+backward
+2.66x and 2.80x (11.25 against 4.24 ms, 45.5 against 16.3 ms; same H200, 2026-11-27,
+benchmarks/results/mosaic_forward_nvidia_h200.json). The gradient kernel, one warpgroup per chunk and one program
+per SM (212 KiB of SMEM at K = 128; ptxas: 255 registers and about 600 bytes a thread spilled), takes 9.5 and
+41.0 ms of that alone: most of the backward, and all of its gap. The CPU
 tests run it in the Mosaic GPU interpreter and lower it for CUDA. Every kernel of both paths is a Mosaic GPU
 kernel, with the layout and the chunk math of the other launchers:
 
@@ -104,14 +106,15 @@ buffer while chunk ``n`` computes (step 1 of the next chunk waits on that copy),
 bound by the tensor cores and ``exp`` rather than by HBM latency.
 
 HBM traffic of the state kernel per program: ``x``, ``b`` once (``C·K`` each per chunk, ``b`` in
-float32) and the value block of ``y``, plus the states written out (``BV·K`` float32 per chunk); the
-per-chunk kernels read their chunk's tiles and its state(s) once. The same bytes as the
-Triton-backend kernels, since both read each tile once.
+float32) and the value block of ``y``, plus the states written out (``BV·K`` per chunk: float32, or in the
+forward the input dtype); the per-chunk kernels read their chunk's tiles and its state(s) once. The same bytes
+as the Triton-backend kernels, since both read each tile once, less the states' half in the forward.
 
 Dtypes: bfloat16 only. A ``wgmma`` reads float32 operands as tf32 (10-bit mantissa, less than the
 float32 path of the other launchers promises), and tf32 ``wgmma`` only takes K-major operands, so
 the transposed ``yᵀ`` view above is not available to it; float32 inputs raise a TypeError that
-names this launcher. Accumulation and states are float32.
+names this launcher. Accumulation and states are float32, but for the states the forward writes for its output
+kernel alone, in the input dtype (:func:`state_fwd`).
 
 Sizes: ``K`` and ``V`` are padded to powers of two of at least 64 (a 128-byte swizzled row of
 bfloat16, and the ``wgmma`` M of a warpgroup); chunks are 64 tokens (a register tile of a warpgroup
@@ -343,7 +346,7 @@ class _Loop(NamedTuple):
 
 
 def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, interpret, write_states=True,
-                  extra=(), n_out=0, body=None, body_scratch=()):
+                  states_dtype=jnp.float32, extra=(), n_out=0, body=None, body_scratch=()):
     """The recurrence ``Sᵀ ← e^{b_C} ⊙ Sᵀ + yᵀ x̃`` over a head's chunks, writing the state entering
     each chunk (forward: ``x̃ = x ⊙ e^{b_C − b}``, chunks in order; ``reverse``: ``x̃ = scale · x ⊙ e^{b}``,
     chunks from last to first, the gradient recurrence of :func:`gla_ref.pallas.chunk_math.state_grad_update`).
@@ -351,12 +354,17 @@ def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, inter
     The fused kernels are this loop with a per-chunk ``body`` (see :class:`_Loop`): ``extra`` names the
     body's own input tiles (``"k"``: ``[C, K]`` rows, ``"v"``: ``[C, BV]`` of the program's value columns),
     double-buffered and fetched with the loop's own; ``n_out`` output refs follow the loop's; and
-    ``write_states=False`` keeps the states in registers (only the final one may leave)."""
+    ``write_states=False`` keeps the states in registers (only the final one may leave).
+
+    The states written per chunk leave as ``states_dtype``: float32, or the input dtype for a consumer that
+    rounds them to it anyway (the forward's output kernel, :func:`state_fwd`), through an SMEM buffer of their
+    own (the float32 one keeps the initial and the final state)."""
     ops = _Ops(interpret)
     mgpu = ops.mgpu
     W = mgpu.Layout.WGMMA
     C, K, BV, N = d.C, d.K, d.BV, d.N
     n_extra = len(extra)
+    n_own = 9 if write_states and states_dtype != jnp.float32 else 8  # the scratch of the loop itself
 
     def chunk_of(s):
         return N - 1 - s if reverse else s
@@ -371,8 +379,9 @@ def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, inter
         final_ref = refs[0] if want_final else None
         refs = refs[1:] if want_final else refs
         outs, refs = refs[:n_out], refs[n_out:]
-        x_s, y_s, b_s, bc_s, xd_s, st_s, ready, init_ready = refs[:8]
-        extra_s, own_scratch = refs[8:8 + n_extra], refs[8 + n_extra:]
+        x_s, y_s, b_s, bc_s, xd_s, st_s, ready, init_ready, *out_s = refs[:n_own]
+        extra_s, own_scratch = refs[n_own:n_own + n_extra], refs[n_own + n_extra:]
+        hs_s = out_s[0] if out_s else st_s  # the per-chunk states' way out
         ib, ih, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
         cols = pl.ds(iv * BV, BV)
 
@@ -404,10 +413,10 @@ def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, inter
 
             mgpu.barrier_wait(ready.at[slot])
             if states_ref is not None:
-                mgpu.wait_smem_to_gmem(0)  # the previous chunk's state has left st_s
-                st_s[...] = S
+                mgpu.wait_smem_to_gmem(0)  # the previous chunk's state has left hs_s
+                hs_s[...] = S.astype(states_dtype)
                 mgpu.commit_smem()
-                mgpu.copy_smem_to_gmem(st_s, states_ref.at[ib, ih, chunk_of(s), cols])
+                mgpu.copy_smem_to_gmem(hs_s, states_ref.at[ib, ih, chunk_of(s), cols])
             if body is not None:
                 n = chunk_of(s)
                 body(_Loop(ops, ib, ih, iv, n, pl.ds(n * C, C), cols, x_s.at[slot], y_s.at[slot], b_s.at[slot],
@@ -442,14 +451,16 @@ def _state_kernel(d: Dims, dtype, *, reverse, scale, has_init, want_final, inter
         mgpu.SMEM((BV, K), jnp.float32, transforms=_transforms(jnp.float32, K)),
         mgpu.Barrier(num_arrivals=4 + n_extra, num_barriers=2),
         mgpu.Barrier(num_arrivals=1, num_barriers=1),
-    ] + [mgpu.SMEM((2, C, width[kind]), dtype, transforms=_transforms(dtype, width[kind])) for kind in extra]
+    ] + ([mgpu.SMEM((BV, K), states_dtype, transforms=_transforms(states_dtype, K))] if n_own > 8 else []) + [
+        mgpu.SMEM((2, C, width[kind]), dtype, transforms=_transforms(dtype, width[kind])) for kind in extra]
     return kernel, scratch + list(body_scratch)
 
 
 def _state_call(x, y, b, s0, *, chunk, reverse, scale, want_final, interpret, name, write_states=True,
-                extra=(), body=None, body_outs=(), body_scratch=()):
-    """Run :func:`_state_kernel` on the grid ``(B, H, NV)``; returns the per-chunk states (or None), the
-    final state (or None) and the body's outputs (``extra``: ``(kind, array)`` pairs)."""
+                states_dtype=jnp.float32, extra=(), body=None, body_outs=(), body_scratch=()):
+    """Run :func:`_state_kernel` on the grid ``(B, H, NV)``; returns the per-chunk states (or None; as
+    ``states_dtype``), the final state (or None; float32) and the body's outputs (``extra``: ``(kind, array)``
+    pairs)."""
     check_supported(x.dtype, x.shape[-1], chunk)
     b, _ = _per_key(b, x.shape[-1])
     d = _dims(x, y, chunk)
@@ -457,9 +468,10 @@ def _state_call(x, y, b, s0, *, chunk, reverse, scale, want_final, interpret, na
     body_outs = list(body_outs(d) if callable(body_outs) else body_outs)
     kernel, scratch = _state_kernel(d, x.dtype, reverse=reverse, scale=scale, has_init=s0 is not None,
                                     want_final=want_final, interpret=interpret, write_states=write_states,
-                                    extra=tuple(kind for kind, _ in extra), n_out=len(body_outs), body=body,
+                                    states_dtype=states_dtype, extra=tuple(kind for kind, _ in extra),
+                                    n_out=len(body_outs), body=body,
                                     body_scratch=body_scratch(d) if callable(body_scratch) else body_scratch)
-    out = [jax.ShapeDtypeStruct((d.B, d.H, d.N, d.V, d.K), jnp.float32)] if write_states else []
+    out = [jax.ShapeDtypeStruct((d.B, d.H, d.N, d.V, d.K), states_dtype)] if write_states else []
     if want_final:
         out.append(jax.ShapeDtypeStruct((d.B, d.H, d.V, d.K), jnp.float32))
     out += body_outs
@@ -632,7 +644,8 @@ def _chunk_output(tile, S, v_s, ref_row, hb_s, x_s, y_s, a_s, scale):
     return scale * ops.matmul_nt(x_s, hb_s, (C, BV), more=((a_s, v_s),))
 
 
-def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, whole=False):
+def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True, whole=False,
+                   states_dtype=jnp.float32):
     """One chunk's output ``O = scale ((Q ⊙ e^{b}) S + A V)`` (one program per chunk and value block, grid
     ``(B, H, NV, N)``; HBM: the chunk's ``q, k`` and ``b`` rows, its value block of ``v`` and of the state
     ``S`` entering it read once, ``O``'s block written once). ``A`` is the chunk's causal scores, in one of
@@ -654,9 +667,10 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True
 
     The sub-chunk forms hold whole ``[C, K]`` float32 arrays (at ``K = 128`` three of them are 192
     registers a thread, :meth:`_Chunk._load`) and re-form full operands for each of the ``C/16`` wgmmas;
-    the whole-chunk form forms each operand once, ``[C, 64]`` at a time. Scalar gates: ``(Q Kᵀ) ⊙ D``."""
+    the whole-chunk form forms each operand once, ``[C, 64]`` at a time. Scalar gates: ``(Q Kᵀ) ⊙ D``.
+    The states come as ``states_dtype`` (float32, or the input dtype: :func:`state_fwd`)."""
     if whole and not scalar:
-        return _whole_chunk_output_kernel(d, dtype, scale=scale, interpret=interpret)
+        return _whole_chunk_output_kernel(d, dtype, scale=scale, interpret=interpret, states_dtype=states_dtype)
     ops = _Ops(interpret)
     mgpu = ops.mgpu
     W = mgpu.Layout.WGMMA
@@ -691,7 +705,7 @@ def _output_kernel(d: Dims, dtype, *, scale, interpret, scalar=False, exact=True
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),
         mgpu.SMEM((C, K), f32, transforms=sw(f32, K)),
         mgpu.SMEM((n_sub, K), f32),
-        mgpu.SMEM((BV, K), f32, transforms=sw(f32, K)),
+        mgpu.SMEM((BV, K), states_dtype, transforms=sw(states_dtype, K)),
         mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),
         mgpu.SMEM((C, K), dtype, transforms=sw(dtype, K)),
         mgpu.SMEM((BV, K), dtype, transforms=sw(dtype, K)),
@@ -707,6 +721,20 @@ WHOLE_CHUNK_KEYS = 64
 its ``q, k, b`` and state tiles are held as ``K / BK`` SMEM blocks of ``[C, BK]`` (a 128-byte swizzled
 bfloat16 row), so that only ``[C, BK]`` float32 arrays are live in registers and every wgmma of the
 contraction over ``K`` reads whole blocks (no SMEM slicing inside a swizzled tile)."""
+
+
+WIDE_BLOCK_V = 128
+"""Value columns per program of the whole-chunk output kernel where ``V`` has them and the states come in the
+input dtype (:func:`_output_dims`)."""
+
+
+def _output_dims(d, dtype, states_dtype):
+    """The whole-chunk output kernel's sizes: value blocks of :data:`WIDE_BLOCK_V` columns where ``V`` has them and
+    the states come as ``dtype`` (184 KiB of SMEM at ``K = 128`` in bf16; float32 states would take it to 248 KiB,
+    over a block's 227), so that each chunk's ``q, k, b`` are read, and its operands formed, once per 128 value
+    columns instead of once per 64; else ``d`` as it is."""
+    wide = states_dtype == dtype and d.V % WIDE_BLOCK_V == 0
+    return d._replace(BV=WIDE_BLOCK_V) if wide else d
 
 
 def whole_chunk_gates(b, chunk=CHUNK):
@@ -726,7 +754,7 @@ def _spans_decay_safely(b, span):
     return jnp.all(runs[:, :, :, 0] - runs[:, :, :, span - 1] <= SAFE_DECAY)
 
 
-def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
+def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret, states_dtype=jnp.float32):
     """The whole-chunk form of :func:`_output_kernel` (per-key gates whose chunks decay by at most
     :data:`SAFE_DECAY`, :func:`whole_chunk_gates`): every score of the chunk splits at its first row ``b_0``,
 
@@ -736,20 +764,23 @@ def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
     bfloat16 hold), each product still ``q_i k_j e^{b_i − b_j}``; the causal mask drops ``j > i`` (finite
     there, since ``b_i − b_j ≤ SAFE_DECAY`` too).
 
-    Grid ``(B, H, NV, N)``, one program per chunk and block of ``BV`` value columns; it owns ``O``'s
-    ``[C, BV]`` block. Its ``q, k`` (input dtype), ``b`` (float32) and state ``Sᵀ [BV, K]`` (float32) come by
-    TMA as ``K / BK`` blocks of ``BK = 64`` key columns (:data:`WHOLE_CHUNK_KEYS`), ``b_0`` as one ``[BK]``
-    row per block. Per block ``c``, in registers (``[C, BK]`` float32 at a time, 96 registers a thread for
-    ``q, k, b``): ``Q_c ⊙ e^{b_c − b_0}``, ``K_c ⊙ e^{b_0 − b_c}`` and ``Q_c ⊙ e^{b_c}``, and ``Sᵀ_c``, stored as
-    the input dtype to SMEM work blocks. Then one accumulator of ``K / BK`` wgmmas gives ``A`` (``[C, C]``,
-    contraction over the key blocks), the causal mask in registers, ``A`` to SMEM as the input dtype, and
-    one more accumulator ``Σ_c (Q_c ⊙ e^{b_c}) S_c + A V`` (``K / BK + 1`` wgmmas). HBM: as the sub-chunk
-    forms (each tile read once), without their ``C/16`` reference rows."""
+    Grid ``(B, H, NV, N)``, one program per chunk and block of ``BV`` value columns (64, or 128:
+    :func:`_output_dims`); it owns ``O``'s ``[C, BV]`` block. Its ``q, k`` (input dtype), ``b`` (float32) and
+    state ``Sᵀ [BV, K]`` (float32 or the input dtype) come by TMA as ``K / BK`` blocks of ``BK = 64`` key columns
+    (:data:`WHOLE_CHUNK_KEYS`), ``b_0`` as one ``[BK]`` row per block. Per block ``c``, in registers (``[C, BK]``
+    float32 at a time, 96 registers a thread for ``q, k, b``): ``Q_c ⊙ e^{b_c − b_0}``, ``K_c ⊙ e^{b_0 − b_c}``
+    and ``Q_c ⊙ e^{b_c}`` (and a float32 ``Sᵀ_c``), stored as the input dtype to SMEM work blocks. Then one
+    accumulator of ``K / BK`` wgmmas gives ``A`` (``[C, C]``, contraction over the key blocks), the causal mask in
+    registers, ``A`` to SMEM as the input dtype, and one more accumulator ``Σ_c (Q_c ⊙ e^{b_c}) S_c + A V``
+    (``K / BK + 1`` wgmmas). HBM: as the sub-chunk forms (each tile read once), without their ``C/16`` reference rows.
+    States that come in the input dtype (``states_dtype``, :func:`state_fwd`) are the wgmma operand as TMA leaves
+    them: no float32 blocks, no copy."""
     ops, mgpu, W, C, K, BV, BK, nk = _whole_chunk_dims(d, interpret)
     f32 = jnp.float32
+    cast = states_dtype != dtype  # float32 states: rounded to the operand dtype in the kernel
 
-    def kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref, q_s, k_s, b_s, b0_s, h_s, v_s, xq_s, xk_s, xs_s, hb_s,
-               a_s, o_s, ready):
+    def kernel(q_ref, k_ref, v_ref, b_ref, h_ref, o_ref, q_s, k_s, b_s, b0_s, h_s, v_s, xq_s, xk_s, xs_s, *rest):
+        hb_s, a_s, o_s, ready = rest if cast else (h_s, *rest)
         ib, ih, iv, n = (lax.axis_index(a) for a in ("b", "h", "v", "n"))
         rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
         for c in range(nk):  # key block c: columns c BK … c BK + BK − 1
@@ -770,7 +801,8 @@ def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
             xs_s.at[c][...] = (q * jnp.exp(b)).astype(dtype)        # ≤ 0: b is chunk-local
             k = ops.load(k_s.at[c], W).astype(f32)
             xk_s.at[c][...] = (k * jnp.exp(b0 - b)).astype(dtype)   # in [0, SAFE_DECAY]
-            hb_s.at[c][...] = ops.load(h_s.at[c], W).astype(dtype)
+            if cast:
+                hb_s.at[c][...] = ops.load(h_s.at[c], W).astype(dtype)
         mgpu.commit_smem()
         A = ops.matmul_nt_blocks([(xq_s.at[c], xk_s.at[c]) for c in range(nk)], (C, C))
         a_s[...] = _causal(ops, A).astype(dtype)
@@ -789,12 +821,12 @@ def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret):
 
     scratch = [
         *_whole_chunk_inputs(nk, C, BK, dtype),                  # q, k, b, b_0
-        blocks(BV, f32),                                         # Sᵀ
+        blocks(BV, states_dtype),                                # Sᵀ
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # v
         blocks(C, dtype),                                        # Q ⊙ e^{b − b_0}
         blocks(C, dtype),                                        # K ⊙ e^{b_0 − b}
         blocks(C, dtype),                                        # Q ⊙ e^{b}
-        blocks(BV, dtype),                                       # Sᵀ (bf16 operand)
+        *([blocks(BV, dtype)] if cast else []),                  # Sᵀ (bf16 operand)
         mgpu.SMEM((C, C), dtype, transforms=sw(dtype, C)),       # A
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # O
         mgpu.Barrier(num_arrivals=5 * nk + 1, num_barriers=1),
@@ -1204,11 +1236,14 @@ def _gate_width(x, scalar):
     return x.sum(-1, keepdims=True) if scalar else x
 
 
-def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
-    """States entering each chunk ``h [B, H, N, V, K]`` (float32, transposed) and the final state (or None), from
-    ``k [B, T, H, K]``, ``v [B, T, H, V]`` (:data:`TOKEN_MAJOR`) and the gates ``b [B, H, T, K]``."""
+def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False, states_dtype=jnp.float32):
+    """States entering each chunk ``h [B, H, N, V, K]`` (transposed, as ``states_dtype``) and the final state
+    (float32, or None), from ``k [B, T, H, K]``, ``v [B, T, H, V]`` (:data:`TOKEN_MAJOR`) and the gates
+    ``b [B, H, T, K]``. The forward asks for the states in the input dtype: :func:`chunk_fwd_o` rounds them to it
+    as a wgmma operand anyway, so ``o`` is the same to the bit and the states take half the bytes to write and to
+    read (as FLA keeps them); the backward recomputes them in float32, where ``Σ_v S ⊙ dS`` uses them unrounded."""
     return _state_call(k, v, b, h0, chunk=chunk, reverse=False, scale=1.0, want_final=want_final,
-                       interpret=interpret, name="gla_state_fwd_mgpu")[:2]
+                       interpret=interpret, name="gla_state_fwd_mgpu", states_dtype=states_dtype)[:2]
 
 
 def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
@@ -1219,7 +1254,8 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
 
 def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False, exact=None, whole_chunk=None):
     """The output, one program per chunk and value block on the grid ``(B, H, NV, N)``, from the state
-    ``h`` entering the chunk (:func:`_output_kernel`). The form of a per-key gate's scores (:func:`_by_forms`):
+    ``h`` entering the chunk (:func:`_output_kernel`; float32 or the input dtype; the whole-chunk form's value
+    blocks by :func:`_output_dims`). The form of a per-key gate's scores (:func:`_by_forms`):
     the whole-chunk form where :func:`whole_chunk_gates`, else the fast sub-chunk form where
     :func:`gentle_gates`, else the exact one; ``whole_chunk=True`` or ``exact`` True or False force one."""
     check_supported(q.dtype, q.shape[-1], chunk)
@@ -1228,10 +1264,11 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False, exact=None, who
     mgpu = _compat.mosaic_gpu()
 
     def call(exact, whole):
-        kernel, scratch = _output_kernel(d, q.dtype, scale=scale, interpret=interpret, scalar=scalar, exact=exact,
-                                         whole=whole)
+        dk = _output_dims(d, q.dtype, h.dtype) if whole and not scalar else d
+        kernel, scratch = _output_kernel(dk, q.dtype, scale=scale, interpret=interpret, scalar=scalar, exact=exact,
+                                         whole=whole, states_dtype=h.dtype)
         run = mgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(v.shape, q.dtype), scratch_types=scratch,
-                          grid=(d.B, d.H, d.NV, d.N), grid_names=("b", "h", "v", "n"),
+                          grid=(dk.B, dk.H, dk.NV, dk.N), grid_names=("b", "h", "v", "n"),
                           compiler_params=mgpu.CompilerParams(), interpret=_interpret_params(interpret),
                           kernel_name="gla_chunk_fwd_o_mgpu")
         return run(q, k, v, b, h)

@@ -1,7 +1,11 @@
 """Step 1 of the forward on Mosaic GPU: the chunk-local cumulative log-gates ``b`` in one kernel.
 
-Status: checked in the Mosaic GPU interpreter against float64 and lowered for CUDA (tests/test_pallas_mosaic_gpu.py),
-not yet run on a GPU, so not yet the launcher's default (:data:`gla_ref.pallas.chunk.GATE_SUM_KERNELS`).
+Status: the launcher's default for per-key gates (:data:`gla_ref.pallas.chunk.GATE_SUM_KERNELS`). Checked in the
+Mosaic GPU interpreter against float64 and lowered for CUDA (tests/test_pallas_mosaic_gpu.py); on an H200 (jax
+0.11.2, B=8, H=16, K=128, float32 g) within 1.0e-7 of the largest float64 sum, its NaN rule held, and the gates'
+step took 0.48 ms at T=4096 and 1.21 ms at 16384 against the scan's 0.62 and 1.81 ms
+(benchmarks/results/mosaic_forward_nvidia_h200.json, ``gate_kernel_only``). That is 1.8 TB/s for the 2.15 GB it
+moves at 16384, under half the H200's bandwidth: one chunk a program, its read and write not overlapped.
 
 ``b_t = Σ_{s ≤ t in t's chunk} g_s`` (float32, :func:`gla_ref.pallas.chunk._local_cumsum`), read by every later
 kernel. In XLA this step is a layout change of ``g`` from ``[B, T, H, K]`` to ``[B, H, T, K]``, a cast and a scan:
