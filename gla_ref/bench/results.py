@@ -108,6 +108,11 @@ SCRIPTS = {
                    " --accuracy-T --T 4096 16384 --cases 'pallas chunk_gla mosaic_gpu' 'triton chunk_gla' (after_timing)"
                    " and --accuracy-T 2048 --variants chunk fused simple_chunk gamma_chunk --no-timing"
                    " (after_accuracy), each --out a file merged into benchmarks/results/mosaic_glue_<device>.json",
+    "mosaic_forward": "pallas_mosaic_gpu_check.py --glue --T 4096 16384 (rows, gate_kernel_check), with"
+                      " --accuracy-T 2048 --variants chunk fused simple_chunk gamma_chunk --no-timing (accuracy),"
+                      " --accuracy-T --T 4096 16384 --cases 'pallas chunk_gla mosaic_gpu' 'triton chunk_gla'"
+                      " (timing) and kernel_rows at T=4096, 16384 (kernels), each --out a file merged into"
+                      " benchmarks/results/mosaic_forward_<device>.json (gate_kernel_only: see the file's note)",
 }
 """The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
 
