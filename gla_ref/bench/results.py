@@ -113,6 +113,11 @@ SCRIPTS = {
                       " --accuracy-T --T 4096 16384 --cases 'pallas chunk_gla mosaic_gpu' 'triton chunk_gla'"
                       " (timing) and kernel_rows at T=4096, 16384 (kernels), each --out a file merged into"
                       " benchmarks/results/mosaic_forward_<device>.json (gate_kernel_only: see the file's note)",
+    "mosaic_loops": "pallas_mosaic_gpu_check.py --accuracy-T --T 4096 16384 --cases 'pallas chunk_gla mosaic_gpu'"
+                    " 'triton chunk_gla' (rows), with --accuracy-T 2048 --variants chunk fused simple_chunk gamma_chunk"
+                    " --no-timing (accuracy) and kernel_rows at T=4096, 16384 (kernels), each --out a file merged into"
+                    " benchmarks/results/mosaic_loops_<device>.json; the A/B rows from the one-off scripts stored in"
+                    " the file (ab_scripts), the Nsight Compute and ptxas figures from its note",
 }
 """The script in the repository's ``benchmarks/`` that writes each kind (file prefix) of result."""
 

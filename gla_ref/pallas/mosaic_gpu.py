@@ -17,12 +17,14 @@ than ``gla_ref.triton.chunk_gla`` timed in the same runs: at K=V=128 2.0-2.2x it
 forward+backward at T = 4K-16K (2026-11-25). Since the kernels read q, k, v, dO and write o, dv in the API's
 ``[B, T, H, D]`` (:data:`TOKEN_MAJOR`), the gates are summed by a kernel of their own
 (:mod:`gla_ref.pallas.mosaic_gpu_gates`), the forward writes its states in the input dtype (:func:`state_fwd`) and
-the whole-chunk output kernel takes 128 value columns a program (:func:`_output_dims`), the forward takes 1.09x
-Triton's at T=4096 (1.106 against 1.017 ms) and 1.00x at 16384 (3.795 against 3.801 ms), and the forward+backward
-2.66x and 2.80x (11.25 against 4.24 ms, 45.5 against 16.3 ms; same H200, 2026-11-27,
-benchmarks/results/mosaic_forward_nvidia_h200.json). The gradient kernel, one warpgroup per chunk and one program
-per SM (212 KiB of SMEM at K = 128; ptxas: 255 registers and about 600 bytes a thread spilled), takes 9.5 and
-41.0 ms of that alone: most of the backward, and all of its gap. The CPU
+the whole-chunk output kernel takes 128 value columns a program (:func:`_output_dims`), the forward took 1.09x
+Triton's at T=4096 and 1.00x at 16384, but the forward+backward 2.66x and 2.80x, nine tenths of the backward in
+the gradient kernel (benchmarks/results/mosaic_forward_nvidia_h200.json). That kernel was waiting on instruction
+fetch: its loops over key blocks, unrolled in Python, made it long straight-line code. As ``lax.fori_loop`` loops
+(the whole-chunk gradient and output kernels) the gradient kernel took 2.69 instead of 9.60 ms, and ``chunk_gla``
+is now faster than ``gla_ref.triton.chunk_gla`` in the same process: forward 0.88x, 0.96x and 0.92x,
+forward+backward 0.97x, 0.96x and 0.96x at T=4096, 8192 and 16384 (B=8, H=16, K=V=128, bf16; H200, 2026-11-27,
+benchmarks/results/mosaic_loops_nvidia_h200.json). The CPU
 tests run it in the Mosaic GPU interpreter and lower it for CUDA. Every kernel of both paths is a Mosaic GPU
 kernel, with the layout and the chunk math of the other launchers:
 
@@ -793,7 +795,7 @@ def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret, states_dtype
         mgpu.copy_gmem_to_smem(_tokens(v_ref, ib, ih, rows, cols), v_s, ready.at[0])
         mgpu.barrier_wait(ready.at[0])
 
-        for c in range(nk):  # the operands, one key block at a time
+        def operands(c, carry):  # key block c's operands (a loop, not unrolled: see _whole_chunk_grad_kernel)
             b = ops.load(b_s.at[c], W)
             b0 = lax.broadcast_in_dim(ops.load(b0_s.at[c], W.reduce(0)), (C, BK), [1])
             q = ops.load(q_s.at[c], W).astype(f32)
@@ -803,6 +805,9 @@ def _whole_chunk_output_kernel(d: Dims, dtype, *, scale, interpret, states_dtype
             xk_s.at[c][...] = (k * jnp.exp(b0 - b)).astype(dtype)   # in [0, SAFE_DECAY]
             if cast:
                 hb_s.at[c][...] = ops.load(h_s.at[c], W).astype(dtype)
+            return carry
+
+        lax.fori_loop(0, nk, operands, 0)
         mgpu.commit_smem()
         A = ops.matmul_nt_blocks([(xq_s.at[c], xk_s.at[c]) for c in range(nk)], (C, C))
         a_s[...] = _causal(ops, A).astype(dtype)
@@ -1049,10 +1054,12 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
     block and this value block's partials of ``dQ``, ``dK``, ``dg`` (``[C, K]`` each; the launcher sums them over
     the value blocks). Its ``q, k`` (input dtype) and ``b`` (float32) come by TMA as ``K / BK`` blocks of
     ``BK = 64`` key columns (:data:`WHOLE_CHUNK_KEYS`), ``b_0`` and ``b_C`` as one ``[BK]`` row per block, and
-    the float32 states ``Sᵀ``, ``dSᵀ`` one ``[BV, BK]`` block at a time. Two passes over the key blocks, each
-    array in registers ``[C, BK]`` float32 (32 registers a thread), none ``[C, K]``:
+    the float32 states ``Sᵀ``, ``dSᵀ`` one ``[BV, BK]`` block at a time. Two passes over the key blocks, each a
+    ``lax.fori_loop`` (not unrolled in Python), each array in registers ``[C, BK]`` float32 (32 registers a
+    thread), none ``[C, K]``:
 
-    1. per block ``c``: ``Sᵀ_c``, ``dSᵀ_c`` to bf16 SMEM operands and ``Σ_v S_c ⊙ dS_c``; ``Q̃_c``, ``K̃_c`` and
+    1. per block ``c``: ``Sᵀ_c``, ``dSᵀ_c`` to bf16 SMEM operands and ``Σ_v S_c ⊙ dS_c`` to a row of SMEM
+       (for the second pass); ``Q̃_c``, ``K̃_c`` and
        ``K_c ⊙ e^{b_C − b_c}`` to bf16 SMEM blocks. Then ``A`` (``K / BK`` wgmmas into one accumulator) and
        ``dV`` (``K / BK + 1``);
     2. ``dA`` (one wgmma) to SMEM; ``dV`` leaves; then per block ``c``: ``Q̃_c``'s and ``K̃_c``'s bf16
@@ -1064,15 +1071,21 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
     ``dK_c``, an accumulator, an exponential, a reloaded ``q`` or ``k``: some 200 of a thread's 255 registers,
     at any ``K``; the unblocked form held ``q, k, b, dQ, dK`` as ``[C, K]`` arrays, 320 registers at
     ``K = 128``). ``e^{b − b_0}`` and ``e^{b_0 − b}`` are formed in both passes rather than held: registers are
-    the scarce resource. SMEM, 212 KiB at ``K = 128``: 153 KiB for the whole kernel, then 48 KiB scoped to
+    the scarce resource. SMEM, 212 KiB at ``K = 128``: 153.5 KiB for the whole kernel, then 48 KiB scoped to
     the first pass (a state block pair, ``K ⊙ e^{b_C − b}``) or 56 KiB to the second (remainders, ``U``, output
-    buffers). HBM: each input tile and state read once, each result written once, as in the sub-chunk forms."""
+    buffers). HBM: each input tile and state read once, each result written once, as in the sub-chunk forms.
+
+    Why loops: every elementwise step on a ``[C, BK]`` array is 32 instructions a thread, so the kernel is long
+    straight-line code, and with one warpgroup per SM nothing hides an instruction-cache miss. With the blocks
+    unrolled (478 KB of PTX, 604 bytes a thread spilled) Nsight Compute found a warp waiting on instruction fetch
+    for two thirds of its cycles; as loops (267 KB, 64 bytes spilled) the kernel took 2.69 instead of 9.60 ms at
+    B=8, H=16, T=4096, K=V=128 (benchmarks/results/mosaic_loops_nvidia_h200.json)"""
     ops, mgpu, W, C, K, BV, BK, nk = _whole_chunk_dims(d, interpret)
     f32 = jnp.float32
     assert BV == BK, "dV leaves through the [C, BK] output buffers"
 
     def kernel(q_ref, k_ref, v_ref, b_ref, do_ref, h_ref, dso_ref, dq_ref, dk_ref, dv_ref, dg_ref,
-               q_s, k_s, b_s, b0_s, bc_s, v_s, do_s, hb_s, dsb_s, xq_s, xk_s, a_s, ready, state_ready):
+               q_s, k_s, b_s, b0_s, bc_s, sds_s, v_s, do_s, hb_s, dsb_s, xq_s, xk_s, a_s, ready, state_ready):
         ib, ih, iv, n = (lax.axis_index(a) for a in ("b", "h", "v", "n"))
         rows, cols = pl.ds(n * C, C), pl.ds(iv * BV, BV)
         for c in range(nk):  # key block c: columns c BK … c BK + BK − 1
@@ -1099,42 +1112,42 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
                 mgpu.copy_gmem_to_smem(h_ref.at[ib, ih, n, cols, keys], s_s, state_ready.at[c])
                 mgpu.copy_gmem_to_smem(dso_ref.at[ib, ih, n, cols, keys], ds_s, state_ready.at[c])
 
-            fetch(0)
-            mgpu.barrier_wait(ready.at[0])
-            SdS = []
-            for c in range(nk):
+            def block(c, carry):  # key block c
                 mgpu.barrier_wait(state_ready.at[c])
                 St, dSt = ops.load(s_s, W), ops.load(ds_s, W)
                 hb_s.at[c][...] = St.astype(dtype)
                 dsb_s.at[c][...] = dSt.astype(dtype)
-                SdS.append(jnp.sum(St * dSt, axis=0))
+                sds_s.at[c][...] = jnp.sum(St * dSt, axis=0)
                 b, b0 = ops.load(b_s.at[c], W), wide(row(b0_s, c))
                 xq_s.at[c][...] = (load(q_s, c) * jnp.exp(b - b0)).astype(dtype)                # exponents ≤ 0
                 xk_s.at[c][...] = (load(k_s, c) * jnp.exp(b0 - b)).astype(dtype)                # in [0, SAFE_DECAY]
                 xs_s.at[c][...] = (load(k_s, c) * jnp.exp(wide(row(bc_s, c)) - b)).astype(dtype)  # ≤ 0
                 mgpu.commit_smem()  # a warpgroup barrier: every thread has read s_s and ds_s
-                if c + 1 < nk:
+
+                @pl.when(c + 1 < nk)
+                def _():
                     fetch(c + 1)
+
+                return carry
+
+            fetch(0)
+            mgpu.barrier_wait(ready.at[0])
+            lax.fori_loop(0, nk, block, 0)
             A = ops.matmul_nt_blocks([(xq_s.at[c], xk_s.at[c]) for c in range(nk)], (C, C))
             a_s[...] = (scale * _causal(ops, A)).astype(dtype)
             mgpu.commit_smem()
             dv = ops.matmul_nt_blocks([(xs_s.at[c], dsb_s.at[c]) for c in range(nk)], (C, BV))
-            return dv + ops.matmul_tn(a_s, do_s, (C, BV)), SdS
+            return dv + ops.matmul_tn(a_s, do_s, (C, BV))
 
-        def second_pass(dv, SdS, xl_s, yl_s, u_s, out_s):
-            sent = [0]
-
-            def send(ref, value):  # one result to HBM through the output buffers, in turn
-                buf = out_s.at[sent[0] % 2]
-                sent[0] += 1
+        def second_pass(dv, xl_s, yl_s, u_s, out_s):
+            def send(i, ref, value):  # result i of this pass to HBM through the two output buffers in turn
+                buf = out_s.at[i % 2]
                 mgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this buffer's previous store has read it
                 buf[...] = value
                 mgpu.commit_smem()
                 mgpu.copy_smem_to_gmem(buf, ref)
 
-            u_s[...] = _triangle_ones(ops, C, dtype)
-            send(_tokens(dv_ref, ib, ih, rows, cols), dv)
-            for c in range(nk):
+            def block(c, carry):  # key block c: dQ_c, dK_c, dg_c
                 keys = pl.ds(c * BK, BK)
                 b, b0, bC = ops.load(b_s.at[c], W), row(b0_s, c), row(bc_s, c)
                 yl_s[...] = _split(load(q_s, c) * jnp.exp(b - wide(b0)), dtype)[1]  # the remainders of Q̃_c, K̃_c
@@ -1142,26 +1155,32 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
                 mgpu.commit_smem()
                 dq = scale * ops.matmul(do_s, hb_s.at[c], (C, BK)) * jnp.exp(b)
                 dq = dq + scale * ops.matmul(a_s, xk_s.at[c], (C, BK), lo=xl_s) * jnp.exp(b - wide(b0))
-                send(dq_ref.at[ib, ih, iv, rows, keys], dq)
+                send(1 + 3 * c, dq_ref.at[ib, ih, iv, rows, keys], dq)
                 x = load(q_s, c) * dq  # x = q ⊙ dq − k ⊙ dk takes dq's registers
                 dk = ops.matmul(v_s, dsb_s.at[c], (C, BK)) * jnp.exp(wide(bC) - b)
                 kappa = jnp.sum(load(k_s, c) * dk, axis=0)
                 dk = dk + scale * ops.matmul_tn(a_s, xq_s.at[c], (C, BK), lo=yl_s) * jnp.exp(wide(b0) - b)
-                send(dk_ref.at[ib, ih, iv, rows, keys], dk)
+                send(2 + 3 * c, dk_ref.at[ib, ih, iv, rows, keys], dk)
                 xl_s[...], yl_s[...] = _split(x - load(k_s, c) * dk, dtype)  # the remainders' wgmmas are done
                 mgpu.commit_smem()
-                dgamma = jnp.exp(bC) * SdS[c] + kappa  # the explicit gradient of the chunk's decay b_C
-                send(dg_ref.at[ib, ih, iv, rows, keys], ops.matmul(u_s, xl_s, (C, BK), lo=yl_s) + wide(dgamma))
+                dgamma = jnp.exp(bC) * row(sds_s, c) + kappa  # the explicit gradient of the chunk's decay b_C
+                dg = ops.matmul(u_s, xl_s, (C, BK), lo=yl_s) + wide(dgamma)
+                send(3 + 3 * c, dg_ref.at[ib, ih, iv, rows, keys], dg)
+                return carry
+
+            u_s[...] = _triangle_ones(ops, C, dtype)
+            send(0, _tokens(dv_ref, ib, ih, rows, cols), dv)
+            lax.fori_loop(0, nk, block, 0)
             mgpu.wait_smem_to_gmem(0)
 
         def tile(rows_, dt):
             return mgpu.SMEM((rows_, BK), dt, transforms=_transforms(dt, BK))
 
-        dv, SdS = pl.run_scoped(first_pass, tile(BV, f32), tile(BV, f32),
-                                mgpu.SMEM((nk, C, BK), dtype, transforms=_transforms(dtype, BK)))
+        dv = pl.run_scoped(first_pass, tile(BV, f32), tile(BV, f32),
+                           mgpu.SMEM((nk, C, BK), dtype, transforms=_transforms(dtype, BK)))
         a_s[...] = _causal(ops, ops.matmul_nt(do_s, v_s, (C, C))).astype(dtype)  # A has been read
         mgpu.commit_smem()
-        pl.run_scoped(functools.partial(second_pass, dv, SdS), tile(C, dtype), tile(C, dtype),
+        pl.run_scoped(functools.partial(second_pass, dv), tile(C, dtype), tile(C, dtype),
                       mgpu.SMEM((C, C), dtype, transforms=_transforms(dtype, C)),
                       mgpu.SMEM((2, C, BK), f32, transforms=_transforms(f32, BK)))
 
@@ -1173,6 +1192,7 @@ def _whole_chunk_grad_kernel(d: Dims, dtype, *, scale, interpret):
     scratch = [
         *_whole_chunk_inputs(nk, C, BK, dtype),                  # q, k, b, b_0 (the chunk's first row)
         mgpu.SMEM((nk, BK), f32),                                # b_C, its last
+        mgpu.SMEM((nk, BK), f32),                                # Σ_v S ⊙ dS
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # v
         mgpu.SMEM((C, BV), dtype, transforms=sw(dtype, BV)),     # do
         blocks(BV, dtype),                                       # Sᵀ (bf16 operand)
