@@ -191,10 +191,14 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
         if not getattr(L, "TOKEN_MAJOR", False):
             tokens = tuple(pchunk._to_kernel_layout(x, T, K) for x in tokens)
         qp, kp, vp, dop = tokens
-        forward_states = functools.partial(L.state_fwd, want_final=False, **kw, **pchunk.output_states(L, q.dtype))
+        states_kw = pchunk.output_states(L, q.dtype)
+        forward_states = functools.partial(L.state_fwd, want_final=False, **kw, **states_kw)
         h = jax.jit(forward_states)(kp, vp, b, None)[0]
         dso = jax.jit(functools.partial(L.state_bwd, scale=scale, want_dh0=False, **kw))(qp, b, dop, None)[0]
-        h_bwd = jax.jit(functools.partial(L.state_fwd, want_final=False, **kw))(kp, vp, b, None)[0]  # float32
+        if states_kw:  # the backward's states are float32
+            h_bwd = jax.jit(functools.partial(L.state_fwd, want_final=False, **kw))(kp, vp, b, None)[0]
+        else:
+            h_bwd = h
         kernel_steps = {
             "state_fwd": (forward_states, (kp, vp, b, None)),
             "chunk_fwd_o": (functools.partial(L.chunk_fwd_o, scale=scale, **kw), (qp, kp, vp, b, h)),

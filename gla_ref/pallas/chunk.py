@@ -212,8 +212,9 @@ def _gate_layout(g, plan, T_pad, K_pad, per_key):
     """``g [B, T, H, Kg]`` as the plan's :func:`_local_cumsum` reads it: for a launcher with a gate-sum kernel and a
     ``per_key`` gate the API's layout zero-padded to ``K_pad`` columns (no copy when nothing is padded; float32,
     bfloat16 or float16 as given), else ``[B, H, T_pad, K_pad or 1]`` in float32."""
-    if not per_key or plan.launcher not in GATE_SUM_KERNELS:
-        return _to_kernel_layout(g, T_pad, K_pad if per_key else 1, jnp.float32)
+    width = K_pad if per_key else 1
+    if _gate_kernel(plan, width) is None:
+        return _to_kernel_layout(g, T_pad, width, jnp.float32)
     if g.dtype not in mosaic_gpu_gates.GATE_DTYPES:
         g = g.astype(jnp.float32)
     return _padded_tokens(g, T_pad, K_pad)
