@@ -30,7 +30,9 @@ Hence three kernels, with ``dP = dO Vᵀ`` (i ≥ j) and b, b_C as in the forwar
    5.7e-3 at T = 4096, 1.0e-2 at 16384 on an H200; ``benchmarks/fused_dg_error_model.py`` models it);
 
 3. :func:`_bwd_dv_kernel`, grid ``(⌈V/BV⌉, B·H)``, the whole K: the same reverse sweep of dS for
-   its value columns, and ``dV = Pᵀ dO + (K ⊙ exp(b_C − b)) dS``.
+   its value columns, and ``dV = Pᵀ dO + (K ⊙ exp(b_C − b)) dS``, where dS enters the matmul in the input
+   dtype, as S enters the forward's (:func:`~gla_ref.triton.fused_chunk_fwd.state_dot`); kernels 1
+   and 2 keep float32 operands, for dg.
 
 V above 256 (:data:`~gla_ref.triton.fused_chunk_fwd.WHOLE_V`) is cut into slices of 256 values on
 the third grid axis of kernels 1 and 2, so their state tiles stay ``BK × 256``. Every term of dq, dk
@@ -86,6 +88,7 @@ from gla_ref.triton.fused_chunk_fwd import (
     load_tile,
     row,
     state_block,
+    state_dot,
     state_step,
     store_tile,
 )
@@ -321,7 +324,7 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T,
                 P_i = tl.sum(query_decays(b_qs, b, i, C) * b_k, axis=1)  # query i against every key
                 PT += tl.where((o_c == i)[None, :], P_i[:, None], 0.0)
         b_kd = b_k * tl.exp(b_last[None, :] - b)  # exp(b_C − b) ≤ 1: key to the end of the chunk
-        store_tile(dv, rows, o_v, T, V, H * V, dot(PT, b_do, DT, PREC) + dot(b_kd, dS, tl.float32, PREC))
+        store_tile(dv, rows, o_v, T, V, H * V, dot(PT, b_do, DT, PREC) + state_dot(b_kd, dS, DT, PREC))
         dS = state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC)
 
 

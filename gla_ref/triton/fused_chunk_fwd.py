@@ -23,10 +23,12 @@ at the chunk start, one matmul with the causal mask M (i ≥ j) applied after it
 each product is still ``q_i k_j exp(b_i − b_j)``, at most ``|q_i k_j|`` inside the mask: P is as
 accurate as any matmul. A program picks the form per chunk from its own gates (:func:`gentle_chunk`,
 one scalar branch, no sync); a NaN of an invalid gate reaches P in either, through exp b in the fast
-form. The ``⌈V/BV⌉`` programs of a head each rebuild P. Matmuls that touch the float32 state take
-float32 operands (IEEE for fp32 inputs; TF32 for 16-bit inputs, which TF32 holds exactly), so S is
-never rounded to 16 bits; so do the fast form's (its decayed operands would overflow fp16; TF32 costs
-no more than P's own rounding to the input dtype for P V); P V and dO Vᵀ take the input dtype.
+form. The ``⌈V/BV⌉`` programs of a head each rebuild P. The fast form's matmul takes float32 operands
+(its decayed operands would overflow fp16; TF32 costs no more than P's own rounding to the input dtype
+for P V). The state update ``(K ⊙ exp(b_C − b))ᵀ V`` takes float32 operands too (IEEE for fp32 inputs; TF32
+for 16-bit inputs), so S is summed in float32 and never stored rounded; where S enters the output's matmul
+it is rounded to q's dtype (:func:`state_dot`), as chunk_gla's output kernel reads bf16 states. P V
+takes the input dtype too.
 
 HBM traffic: q, k, g read ``⌈V/BV⌉`` times, v once, o written once, the final state when asked.
 Nothing else is allocated or stored.
@@ -235,6 +237,26 @@ def dot(a, b, DT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def state_dot(a, S, DT: tl.constexpr, PREC: tl.constexpr):
+    """``a @ S`` for a state tile S in a program's output matmul, the forward's ``(Q ⊙ exp b) S`` and the dv
+    kernel's ``(K ⊙ exp(b_C − b)) dS``: both operands in the input dtype DT (bf16 or fp16 operands, float32
+    sums; float32 inputs keep IEEE float32), the state rounded to it.
+
+    A float32 state there is a TF32 operand, and its copy in a 16-row matmul's operand layout costs each thread as
+    many registers as the tile itself. On the H200 (benchmarks/results/fused_state_operands_nvidia_h200.json: one
+    process, B = 8, H = 16, bf16, T = 4096) the forward took 13.1 instead of 15.1 ms at K × V = 256 × 512, 2.19
+    instead of 2.43 at 128 × 256 and 1.42 instead of 1.55 at 128 × 128, the dv kernel 14.9 instead of 16.3, 2.00
+    instead of 2.40 and 1.39 instead of 1.54: the forward and backward 0.94, 0.94 and 0.96 of its time before.
+    o and dv then carry the state's rounding, as chunk_gla's do, whose output and dv kernels read bf16 states
+    (bf16 relative RMSE against float64 3.9e-3 for both at the realistic shape, from 3.7e-3 and 3.6e-3). The
+    state updates keep float32 operands: rounding theirs too was faster still (forward 12.2 ms at 256 × 512) but
+    put the rounding into the final state, and through its term of the gate gradient took bf16 dg to 6.9e-3. The
+    dq and dk kernels keep float32 operands too: dg subtracts their nearly equal q ⊙ dq and k ⊙ dk
+    (:mod:`~gla_ref.triton.fused_chunk_bwd`)."""
+    return dot(a, S, DT, PREC)
+
+
+@triton.jit
 def state_step(S, b_k, b_v, b, b_last, PREC: tl.constexpr):
     """The state one chunk later: ``diag(exp b_C) S + (K ⊙ exp(b_C − b))ᵀ V``, each key decayed to
     the chunk end (exponents ≤ 0)."""
@@ -274,7 +296,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T,
             for j in range(C):  # key column j: P_ij = q_i · (k_j ⊙ exp(b_i − b_j))
                 P_j = tl.sum(b_q * decay_from(b, row(b, j, C), j, C) * row(b_k, j, C)[None, :], axis=1)
                 P += tl.where((o_c == j)[None, :], P_j[:, None], 0.0)
-        b_o = dot(b_q * tl.exp(b), S, tl.float32, PREC) + dot(P, b_v, DT, PREC)
+        b_o = state_dot(b_q * tl.exp(b), S, DT, PREC) + dot(P, b_v, DT, PREC)
         store_tile(o, rows, o_v, T, V, H * V, b_o)  # the sum over every key: o's final value
         S = state_step(S, b_k, b_v, b, b_last, PREC)
     if STORE_HT:
