@@ -94,9 +94,10 @@ SCRIPTS = {
     "fused_dg_restart": "triton_accuracy.py fused_chunk_gla (its inputs, run and errors, and speed_vs_fla.py's measure,"
                         " called by a one-off A/B script stored in the file, at the branch and at base_commit), and"
                         " profile_chunk.py --shape KxV --T 4096 --only fused_chunk_gla (kernel_rows)",
-    "fused_state_operands": "one-off scripts stored in the file (scripts.ab_time: fused_chunk_gla's forward and backward at"
-                            " base_commit and after, one process; scripts.variants: the forward and dv kernels at fixed"
-                            " configs), with triton_accuracy.py fused_chunk_gla (variant_accuracy_rows; see its note)",
+    "fused_state_operands": "triton_accuracy.py fused_chunk_gla (variant_accuracy_rows), and one-off scripts stored in the"
+                            " file (scripts.ab_time: rows, fused_chunk_gla's forward and backward at base_commit and after,"
+                            " one process; scripts.variants: variant_rows and layout_rows, the forward and dv kernels at"
+                            " fixed configs; see its note)",
     "fused_profile": "profile_chunk.py --shape KxV --T 4096 --only fused_chunk_gla (rows); ncu_rows and warps_rows from"
                      " one-off Nsight Compute and forced-config scripts stored in the file (see its note)",
     "pallas_accuracy": "pallas_accuracy.py",
