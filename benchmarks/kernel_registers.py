@@ -101,7 +101,8 @@ def measure(K: int, V: int, C: int, tile: str = "narrow", shared_only: bool = Fa
         _, meta = fwd.launch_meta(q, v, C, whole)
         meta.pop("T")
         const = dict(meta, FPREC="tf32x3", RESTART=modules["fused_chunk_bwd"].RESTART, HALVES=True, USE_G=True,
-                     USE_H0=False, STORE_HT=False, USE_DHT=False, PTX=True, h0=None, ht=None, dht=None, dh0=None)
+                     USE_H0=False, STORE_HT=False, USE_DHT=False, PTX=True, STATE_FP32=False,
+                     h0=None, ht=None, dht=None, dh0=None)
         src = source(fn, const)
         for config in fwd.configs():
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -128,8 +129,8 @@ def main(argv=None):
         K, V = map(int, shape.split("x"))
         rows += measure(K, V, args.chunk_size, args.tile, args.shared_only)
     for r in rows:
-        regs = "" if args.shared_only else (f" {r['registers']:>3} registers, spills {r['spill_store_bytes']:>5} B stored"
-                                             f" / {r['spill_load_bytes']:>5} B loaded,")
+        regs = "" if args.shared_only else (f" {r['registers']:>3} registers, spills {r['spill_store_bytes']:>5} B"
+                                             f" stored / {r['spill_load_bytes']:>5} B loaded,")
         print(f"{r['kernel']:<15} {r['K']}x{r['V']} C={r['C']} BK={r['BK']:<3} BV={r['BV']:<3} "
               f"{r['num_warps']} warps {r['num_stages']} stages:{regs} {r['shared_bytes'] / 1024:.0f} KiB shared")
     if args.out == "-":

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten
 
 from gla_ref import device
 from gla_ref.gates import SAFE_DECAY
-from gla_ref.testing import as_torch, random_inputs
+from gla_ref.testing import as_torch, random_inputs, rel_rmse
 from gla_ref.torch_ref import chunk_gla, recurrent_gla
 from gla_ref.triton import fused_chunk as fused_chunk_module
 from gla_ref.triton import fused_chunk_bwd, fused_chunk_fwd, fused_chunk_gla, fused_recurrent_gla
@@ -234,6 +234,44 @@ def test_straddle_cases_take_both_forms(c):
     C = c.opts.get("chunk_size", 16)
     decays = torch.stack([(-g[:, n:n + C].sum(1)).amax(-1) for n in range(0, c.T, C)])  # [chunk, B, H]
     assert decays.min() <= SAFE_DECAY < decays.max()
+
+
+def test_states_in_fp32_option():
+    """fp16 inputs, gates of the default strength: by default the state enters the forward's
+    output matmul, and dS the dv kernel's, rounded to fp16 (state_dot); with states_in_fp32 in float32, which the
+    interpreter computes exactly. Both within tolerance of float64; with the option o and dv are nearer float64;
+    the final state, dq, dk, dg and dh0 are the same to the bit (their kernels take no part in it)."""
+    c = Case("chunk", F16, 1, 80, 2, 40, 48, final=True)
+    t = as_torch(_inputs(c), dtype=F16, device=DEV)
+    r = float64_copies(t)
+    names = ["q", "k", "v", "g", "initial_state"]
+    for n in names:
+        r[n].requires_grad_()
+    ro, rht = _reference(r, c)
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    do = torch.randn(ro.shape, generator=gen, device=DEV)
+    dht = torch.randn(rht.shape, generator=gen, device=DEV)
+    ref = [ro, rht, *grads((ro, rht), (do.double(), dht.double()), [r[n] for n in names])]
+    runs = {}
+    for flag in (False, True):
+        x = {n: t[n].detach().clone().requires_grad_() for n in names}
+        o, ht = fused_chunk_gla(x["q"], x["k"], x["v"], x["g"], initial_state=x["initial_state"],
+                                output_final_state=True, states_in_fp32=flag, **c.opts)
+        runs[flag] = [o, ht, *grads((o, ht), (do.to(F16), dht), [x[n] for n in names])]
+    err = {flag: [rel_rmse(a, b) for a, b in zip(ref, out)] for flag, out in runs.items()}
+    assert max(max(e) for e in err.values()) <= c.tol[F16], err
+    o_, dv_ = 0, 4  # positions of o and dv in (o, ht, dq, dk, dv, dg, dh0)
+    assert err[True][o_] < err[False][o_] and err[True][dv_] < err[False][dv_], err
+    assert not torch.equal(runs[True][o_], runs[False][o_]) and not torch.equal(runs[True][dv_], runs[False][dv_])
+    for i in (1, 2, 3, 5, 6):
+        torch.testing.assert_close(runs[True][i], runs[False][i], rtol=0, atol=0)
+
+
+def test_states_in_fp32_is_a_strict_bool(monkeypatch):
+    x = _good()
+    _forbid_launch(monkeypatch)
+    with pytest.raises(TypeError, match="states_in_fp32"):
+        fused_chunk_gla(x["q"], x["k"], x["v"], x["g"], states_in_fp32="no")
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

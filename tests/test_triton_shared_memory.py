@@ -67,7 +67,8 @@ def test_kernel_registers_reads_ptxas():
     proc = _run("benchmarks/kernel_registers.py", "--shapes", "64x64", "--out", "-")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    configs = {k: {(r["num_warps"], r["num_stages"]) for r in rows if r["kernel"] == k} for k in {r["kernel"] for r in rows}}
+    kernels = {r["kernel"] for r in rows}
+    configs = {k: {(r["num_warps"], r["num_stages"]) for r in rows if r["kernel"] == k} for k in kernels}
     assert set(configs) == {"_fwd_kernel", "_bwd_dv_kernel", "_bwd_dq_kernel", "_bwd_dk_kernel"}
     assert len({frozenset(c) for c in configs.values()}) == 1 and len(configs["_fwd_kernel"]) > 1  # every config, each
     assert all(0 < r["registers"] <= 255 and r["spill_store_bytes"] >= 0 and r["spill_load_bytes"] >= 0 for r in rows)

@@ -240,25 +240,25 @@ def check_chunk_size(chunk_size, sizes=(16, 32, 64)) -> int:
 
 def stateful_function(name, forward, backward, doc):
     """An autograd.Function for the kernels that keep the state on chip: it saves only the inputs and
-    the final state, and forwards one non-tensor option (chunk size, direction) and the packed batch
-    (a :class:`Varlen` or None) to both passes.
+    the final state, and forwards a tuple of non-tensor options (the direction; the chunk size and the
+    state's dtype in the output matmuls) and the packed batch (a :class:`Varlen` or None) to both passes.
 
-    ``forward(q, k, v, g, h0, scale, output_final_state, option, varlen) -> (o, ht)``;
-    ``backward(q, k, v, g, h0, ht, do, dht, scale, option, varlen) -> (dq, dk, dv, dg, dh0)``.
+    ``forward(q, k, v, g, h0, scale, output_final_state, *options, varlen=varlen) -> (o, ht)``;
+    ``backward(q, k, v, g, h0, ht, do, dht, scale, *options, varlen=varlen) -> (dq, dk, dv, dg, dh0)``.
     """
-    def fwd(ctx, q, k, v, g, initial_state, scale, output_final_state, option, varlen=None):
+    def fwd(ctx, q, k, v, g, initial_state, scale, output_final_state, options, varlen=None):
         q, k, v = (x.contiguous() for x in (q, k, v))
         g = None if g is None else g.contiguous()
         h0 = None if initial_state is None else initial_state.contiguous()
-        o, ht = forward(q, k, v, g, h0, scale, output_final_state, option, varlen)
+        o, ht = forward(q, k, v, g, h0, scale, output_final_state, *options, varlen=varlen)
         ctx.save_for_backward(q, k, v, g, h0, ht)
-        ctx.scale, ctx.option, ctx.varlen = scale, option, varlen
+        ctx.scale, ctx.options, ctx.varlen = scale, options, varlen
         return o, ht
 
     def bwd(ctx, do, dht):
         q, k, v, g, h0, ht = ctx.saved_tensors
         dht = None if dht is None else dht.contiguous()
-        grads = backward(q, k, v, g, h0, ht, do.contiguous(), dht, ctx.scale, ctx.option, ctx.varlen)
+        grads = backward(q, k, v, g, h0, ht, do.contiguous(), dht, ctx.scale, *ctx.options, varlen=ctx.varlen)
         return (*grads, None, None, None, None)
 
     return type(name, (torch.autograd.Function,),

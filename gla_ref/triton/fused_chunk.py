@@ -62,7 +62,7 @@ FusedChunkGLA = stateful_function(
 
 
 def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
-                    chunk_size=16, cu_seqlens=None):
+                    chunk_size=16, cu_seqlens=None, states_in_fp32=False):
     """GLA in chunks of ``chunk_size`` tokens, the state kept on chip from the first chunk to the last.
 
     Args:
@@ -78,6 +78,11 @@ def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_f
         chunk_size: C in {16, 32, 64}; the intra-chunk part costs O(C) per token (exact at any C).
         cu_seqlens: None, or int64 ``[N + 1]`` offsets of N sequences packed in a batch with B = 1
             (FLA's convention; read on the host, one sync), each chunked from its own first token.
+        states_in_fp32: a bool, default False (chunk_gla's name). The state is always summed in float32 on
+            chip; where it enters the forward's output matmul (and dS the dv kernel's) it is rounded to q's
+            dtype, as chunk_gla's output kernel reads bf16 states, unless this is True (float32 operands,
+            TF32 for 16-bit inputs: bf16 o and dv 3.7e-3 and 3.6e-3 of float64 instead of 3.9e-3, 4-6 %
+            slower on the H200; :func:`~gla_ref.triton.fused_chunk_fwd.state_dot`). No effect on float32 inputs.
 
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]``
@@ -93,4 +98,5 @@ def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_f
     scale = check_scale(scale, dims.K)
     chunk_size = check_chunk_size(chunk_size, CHUNK_SIZES)
     output_final_state = check_flag("output_final_state", output_final_state)
-    return FusedChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, chunk_size, varlen)
+    options = (chunk_size, check_flag("states_in_fp32", states_in_fp32))
+    return FusedChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, options, varlen)

@@ -291,15 +291,16 @@ def _bwd_dk_kernel(q, k, v, g, do, dk, dg, dv, ht, dht, dh0, cu_seqlens, scale, 
         tl.store(p_s, dS, mask=m_s)
 
 
-@autotune(configs(), ["BK", "BV", "C", "IS_VARLEN"])
+@autotune(configs(), ["BK", "BV", "C", "IS_VARLEN", "STATE_FP32"])
 @triton.jit
 def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                   USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr):
+                   USE_G: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, STATE_FP32: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
+    SDT: tl.constexpr = tl.float32 if STATE_FP32 else DT  # dS's dtype in the output matmul (state_dot)
     o_c = tl.arange(0, C)
     o_k = tl.arange(0, BK)  # every key (BK ≥ K)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -324,13 +325,14 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T,
                 P_i = tl.sum(query_decays(b_qs, b, i, C) * b_k, axis=1)  # query i against every key
                 PT += tl.where((o_c == i)[None, :], P_i[:, None], 0.0)
         b_kd = b_k * tl.exp(b_last[None, :] - b)  # exp(b_C − b) ≤ 1: key to the end of the chunk
-        store_tile(dv, rows, o_v, T, V, H * V, dot(PT, b_do, DT, PREC) + state_dot(b_kd, dS, DT, PREC))
+        store_tile(dv, rows, o_v, T, V, H * V, dot(PT, b_do, DT, PREC) + state_dot(b_kd, dS, SDT, PREC))
         dS = state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC)
 
 
-def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size, varlen=None):
+def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size, states_in_fp32=False, varlen=None):
     """Launch the three kernels; returns ``(dq, dk, dv, dg, dh0)`` (dg, dh0 None without g, h0),
-    the only tensors it allocates for V ≤ 256 (above, also the float32 partials of the V slices)."""
+    the only tensors it allocates for V ≤ 256 (above, also the float32 partials of the V slices).
+    ``states_in_fp32``: dS enters the dv kernel's output matmul in float32, as the forward's S does."""
     key_grid, key_meta = launch_meta(q, v, chunk_size, "V", varlen)
     NV = key_grid[2]  # slices of values: float32 partials of dq, dk, dg when there are several
     if NV == 1:
@@ -360,7 +362,7 @@ def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size, varlen=
                              **key_meta, **flags, USE_H0=h0 is not None, PTX=q.is_cuda and torch.version.hip is None,
                              **parking, num_warps=tuned.num_warps, num_stages=tuned.num_stages)
     value_grid, value_meta = launch_meta(q, v, chunk_size, "K", varlen)
-    _bwd_dv_kernel[value_grid](q, k, g, do, dv, dht, scale=scale, **value_meta, **flags)
+    _bwd_dv_kernel[value_grid](q, k, g, do, dv, dht, scale=scale, **value_meta, **flags, STATE_FP32=states_in_fp32)
     if NV > 1:
         dq, dk = dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype)
         dg = None if g is None else dg.sum(0).to(g.dtype)

@@ -27,8 +27,8 @@ form. The ``⌈V/BV⌉`` programs of a head each rebuild P. The fast form's matm
 (its decayed operands would overflow fp16; TF32 costs no more than P's own rounding to the input dtype
 for P V). The state update ``(K ⊙ exp(b_C − b))ᵀ V`` takes float32 operands too (IEEE for fp32 inputs; TF32
 for 16-bit inputs), so S is summed in float32 and never stored rounded; where S enters the output's matmul
-it is rounded to q's dtype (:func:`state_dot`), as chunk_gla's output kernel reads bf16 states. P V
-takes the input dtype too.
+it is rounded to q's dtype (:func:`state_dot`; not with ``states_in_fp32``), as chunk_gla's output kernel reads
+bf16 states. P V takes the input dtype too.
 
 HBM traffic: q, k, g read ``⌈V/BV⌉`` times, v once, o written once, the final state when asked.
 Nothing else is allocated or stored.
@@ -239,8 +239,9 @@ def dot(a, b, DT: tl.constexpr, PREC: tl.constexpr):
 @triton.jit
 def state_dot(a, S, DT: tl.constexpr, PREC: tl.constexpr):
     """``a @ S`` for a state tile S in a program's output matmul, the forward's ``(Q ⊙ exp b) S`` and the dv
-    kernel's ``(K ⊙ exp(b_C − b)) dS``: both operands in the input dtype DT (bf16 or fp16 operands, float32
-    sums; float32 inputs keep IEEE float32), the state rounded to it.
+    kernel's ``(K ⊙ exp(b_C − b)) dS``: both operands in DT, by default the input dtype (bf16 or fp16 operands,
+    float32 sums; float32 inputs keep IEEE float32), the state rounded to it; float32 (TF32 for 16-bit inputs)
+    with fused_chunk_gla's ``states_in_fp32``, the kernels' numerics before 2026-11-28.
 
     A float32 state there is a TF32 operand, and its copy in a 16-row matmul's operand layout costs each thread as
     many registers as the tile itself. On the H200 (benchmarks/results/fused_state_operands_nvidia_h200.json: one
@@ -265,15 +266,17 @@ def state_step(S, b_k, b_v, b, b_last, PREC: tl.constexpr):
 
 # ----------------------------------------------------------------------------- the kernel
 
-@autotune(configs(), ["BK", "BV", "C", "IS_VARLEN"])
+@autotune(configs(), ["BK", "BV", "C", "IS_VARLEN", "STATE_FP32"])
 @triton.jit
 def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                 BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr):
+                USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                STATE_FP32: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
+    SDT: tl.constexpr = tl.float32 if STATE_FP32 else DT  # the state's dtype in the output matmul (state_dot)
     o_c = tl.arange(0, C)
     o_k = tl.arange(0, BK)  # every key (BK ≥ K)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -296,7 +299,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T,
             for j in range(C):  # key column j: P_ij = q_i · (k_j ⊙ exp(b_i − b_j))
                 P_j = tl.sum(b_q * decay_from(b, row(b, j, C), j, C) * row(b_k, j, C)[None, :], axis=1)
                 P += tl.where((o_c == j)[None, :], P_j[:, None], 0.0)
-        b_o = state_dot(b_q * tl.exp(b), S, DT, PREC) + dot(P, b_v, DT, PREC)
+        b_o = state_dot(b_q * tl.exp(b), S, SDT, PREC) + dot(P, b_v, DT, PREC)
         store_tile(o, rows, o_v, T, V, H * V, b_o)  # the sum over every key: o's final value
         S = state_step(S, b_k, b_v, b, b_last, PREC)
     if STORE_HT:
@@ -304,13 +307,14 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T,
         tl.store(p_s, S, mask=m_s)
 
 
-def fused_chunk_forward(q, k, v, g, h0, scale, output_final_state, chunk_size, varlen=None):
-    """Launch the forward; returns ``(o, final_state or None)``, the only tensors it allocates."""
+def fused_chunk_forward(q, k, v, g, h0, scale, output_final_state, chunk_size, states_in_fp32=False, varlen=None):
+    """Launch the forward; returns ``(o, final_state or None)``, the only tensors it allocates. ``states_in_fp32``:
+    the state enters the output matmul in float32 (TF32 for 16-bit inputs) instead of q's dtype (:func:`state_dot`)."""
     B, _, H, K = q.shape
     grid, meta = launch_meta(q, v, chunk_size, "K", varlen)
     o = torch.empty_like(v)
     N = num_sequences(B, varlen)
     ht = q.new_empty(N, H, K, v.shape[-1], dtype=torch.float32) if output_final_state else None
     _fwd_kernel[grid](q, k, v, g, o, h0, ht, scale=scale, **meta, USE_G=g is not None, USE_H0=h0 is not None,
-                      STORE_HT=output_final_state)
+                      STORE_HT=output_final_state, STATE_FP32=states_in_fp32)
     return o, ht

@@ -247,4 +247,4 @@ def fused_recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, outp
     scale = check_scale(scale, dims.K)
     return FusedRecurrentGLA.apply(q, k, v, g, initial_state, scale,
                                    check_flag("output_final_state", output_final_state),
-                                   check_flag("reverse", reverse), varlen)
+                                   (check_flag("reverse", reverse),), varlen)
