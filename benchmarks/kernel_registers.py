@@ -81,15 +81,25 @@ def ptxas_report(ptx: str) -> dict:
 def measure(K: int, V: int, C: int, tile: str = "narrow", shared_only: bool = False) -> list[dict]:
     """One row per kernel and autotune config at head shape K × V and chunk size C (see the module docstring);
     the dq and dk kernels are left out with ``tile="wide"``, which does not change them."""
+    modules = compiled_kernels()
+    fwd = modules["fused_chunk_fwd"]
+    sm_count = fwd.sm_count
+    if tile == "wide":  # one SM: every grid fills it, so the programs holding every key take the wide tile
+        fwd.sm_count = lambda x: 1
+    try:
+        return _rows(modules, K, V, C, tile, shared_only)
+    finally:
+        fwd.sm_count = sm_count
+
+
+def _rows(modules, K, V, C, tile, shared_only):
+    """:func:`measure`'s rows, with the launcher's SM count already set for ``tile``."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.runtime.jit import JITFunction
 
-    modules = compiled_kernels()
     fwd = modules["fused_chunk_fwd"]
-    if tile == "wide":  # one SM: every grid fills it, so the programs holding every key take the wide tile
-        fwd.sm_count = lambda x: 1
     rows = []
     for module, name, whole in KERNELS:
         if tile == "wide" and whole == "V":

@@ -300,7 +300,6 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T,
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
-    SDT: tl.constexpr = tl.float32 if STATE_FP32 else DT  # dS's dtype in the output matmul (state_dot)
     o_c = tl.arange(0, C)
     o_k = tl.arange(0, BK)  # every key (BK ≥ K)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -325,7 +324,7 @@ def _bwd_dv_kernel(q, k, g, do, dv, dht, cu_seqlens, scale, T,
                 P_i = tl.sum(query_decays(b_qs, b, i, C) * b_k, axis=1)  # query i against every key
                 PT += tl.where((o_c == i)[None, :], P_i[:, None], 0.0)
         b_kd = b_k * tl.exp(b_last[None, :] - b)  # exp(b_C − b) ≤ 1: key to the end of the chunk
-        store_tile(dv, rows, o_v, T, V, H * V, dot(PT, b_do, DT, PREC) + state_dot(b_kd, dS, SDT, PREC))
+        store_tile(dv, rows, o_v, T, V, H * V, dot(PT, b_do, DT, PREC) + state_dot(b_kd, dS, DT, STATE_FP32, PREC))
         dS = state_grad_step(dS, b_q, b, b_last, b_do, scale, PREC)
 
 

@@ -237,11 +237,11 @@ def dot(a, b, DT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def state_dot(a, S, DT: tl.constexpr, PREC: tl.constexpr):
+def state_dot(a, S, DT: tl.constexpr, STATE_FP32: tl.constexpr, PREC: tl.constexpr):
     """``a @ S`` for a state tile S in a program's output matmul, the forward's ``(Q ⊙ exp b) S`` and the dv
-    kernel's ``(K ⊙ exp(b_C − b)) dS``: both operands in DT, by default the input dtype (bf16 or fp16 operands,
-    float32 sums; float32 inputs keep IEEE float32), the state rounded to it; float32 (TF32 for 16-bit inputs)
-    with fused_chunk_gla's ``states_in_fp32``, the kernels' numerics before 2026-11-28.
+    kernel's ``(K ⊙ exp(b_C − b)) dS``: both operands in the input dtype DT (bf16 or fp16 operands, float32 sums;
+    float32 inputs keep IEEE float32), the state rounded to it; in float32 (TF32 for 16-bit inputs) with
+    ``STATE_FP32``, fused_chunk_gla's ``states_in_fp32``, the kernels' numerics before 2026-11-28.
 
     A float32 state there is a TF32 operand, and its copy in a 16-row matmul's operand layout costs each thread as
     many registers as the tile itself. On the H200 (benchmarks/results/fused_state_operands_nvidia_h200.json: one
@@ -254,7 +254,8 @@ def state_dot(a, S, DT: tl.constexpr, PREC: tl.constexpr):
     put the rounding into the final state, and through its term of the gate gradient took bf16 dg to 6.9e-3. The
     dq and dk kernels keep float32 operands too: dg subtracts their nearly equal q ⊙ dq and k ⊙ dk
     (:mod:`~gla_ref.triton.fused_chunk_bwd`)."""
-    return dot(a, S, DT, PREC)
+    SDT: tl.constexpr = tl.float32 if STATE_FP32 else DT
+    return dot(a, S, SDT, PREC)
 
 
 @triton.jit
@@ -276,7 +277,6 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T,
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     DT = q.dtype.element_ty
-    SDT: tl.constexpr = tl.float32 if STATE_FP32 else DT  # the state's dtype in the output matmul (state_dot)
     o_c = tl.arange(0, C)
     o_k = tl.arange(0, BK)  # every key (BK ≥ K)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -299,7 +299,7 @@ def _fwd_kernel(q, k, v, g, o, h0, ht, cu_seqlens, scale, T,
             for j in range(C):  # key column j: P_ij = q_i · (k_j ⊙ exp(b_i − b_j))
                 P_j = tl.sum(b_q * decay_from(b, row(b, j, C), j, C) * row(b_k, j, C)[None, :], axis=1)
                 P += tl.where((o_c == j)[None, :], P_j[:, None], 0.0)
-        b_o = state_dot(b_q * tl.exp(b), S, SDT, PREC) + dot(P, b_v, DT, PREC)
+        b_o = state_dot(b_q * tl.exp(b), S, DT, STATE_FP32, PREC) + dot(P, b_v, DT, PREC)
         store_tile(o, rows, o_v, T, V, H * V, b_o)  # the sum over every key: o's final value
         S = state_step(S, b_k, b_v, b, b_last, PREC)
     if STORE_HT:
