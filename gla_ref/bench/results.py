@@ -98,6 +98,10 @@ SCRIPTS = {
                             " file (scripts.ab_time: rows, fused_chunk_gla's forward and backward at base_commit and after,"
                             " one process; scripts.variants: variant_rows and layout_rows, the forward and dv kernels at"
                             " fixed configs; see its note)",
+    "forward_only": "profile_chunk.py (kernel_times) and speed_vs_fla.py (make_inputs), called by one-off scripts stored"
+                    " in the file, at its base_commit with its patch applied (the patch's benchmarks/forward_only.py"
+                    " --T 16384: rows, accuracy; scripts.ab_lean with scripts.make_variants: variant_rows;"
+                    " scripts.regs_json: sm90_registers, compiled on a CPU; see its note)",
     "fused_profile": "profile_chunk.py --shape KxV --T 4096 --only fused_chunk_gla (rows); ncu_rows and warps_rows from"
                      " one-off Nsight Compute and forced-config scripts stored in the file (see its note)",
     "pallas_accuracy": "pallas_accuracy.py",
