@@ -46,6 +46,7 @@ from gla_ref.bench.results import (  # noqa: F401
 from gla_ref.bench.stages import torch_chunk_parts, triton_chunk_stages  # noqa: F401
 from gla_ref.bench.timing import (  # noqa: F401
     copy_bandwidth_cuda,
+    cuda_graph,
     environment,
     matmul_tflops_cuda,
     peak_memory_cuda,

@@ -65,6 +65,7 @@ SCRIPTS = {
     "first_call": "first_call.py",
     "config_timings": "first_call.py --out benchmarks/results/config_timings_<device>.json",
     "speed_vs_fla": "speed_vs_fla.py",
+    "cuda_graphs": "cuda_graphs.py",
     "fused_rerun_speed_vs_fla": "speed_vs_fla.py --shapes 64x64 128x128 --out benchmarks/results/fused_rerun_speed_vs_fla_<device>.json"
                                 " (then --shapes 128x256, and 256x512, --only chunk_gla fused_chunk_gla fla.chunk_gla:"
                                 " one process each, rows merged)",

@@ -93,6 +93,33 @@ def time_cuda(fn, *, warmup=25, rep=100, grad_to_none=None) -> dict:
     return {"median_ms": median, "p20_ms": p20, "p80_ms": p80}
 
 
+def cuda_graph(fn, warmup: int = 3):
+    """``(graph, out)``: the kernels of one call of ``fn`` captured in a CUDA graph, and what that call returned.
+
+    ``fn`` runs ``warmup`` times on a side stream first: autotuning, compiling and the first allocations
+    happen there, since nothing may tune, synchronise or read a device value on the host while a stream
+    is being captured. ``graph.replay()`` then launches every captured kernel again at the cost of one
+    launch on the host, on the same buffers: the tensors ``fn`` read, and ``out`` with any gradients
+    the call assigned (set ``.grad`` to None before, so that the captured backward allocates them from
+    the graph's own pool). Where the host's launch path sets the pace (short sequences: chapter 7),
+    replay times the kernels alone. ``chunk_gla``, ``fused_chunk_gla``, ``chunk_simple_gla`` and
+    ``fused_recurrent_gla`` capture whole, forward and backward, except with ``cu_seqlens`` (its offsets
+    are read on the host) or under ``gla_ref.device.debug(True)`` (its value checks synchronise).
+    """
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def peak_memory_cuda(fn) -> int:
     """Peak bytes allocated while ``fn`` runs, above what was allocated before it."""
     import torch
