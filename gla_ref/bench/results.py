@@ -102,7 +102,8 @@ SCRIPTS = {
     "forward_only": "profile_chunk.py (kernel_times) and speed_vs_fla.py (make_inputs), called by one-off scripts stored"
                     " in the file, at its base_commit with its patch applied (the patch's benchmarks/forward_only.py"
                     " --T 16384: rows, accuracy; scripts.ab_lean with scripts.make_variants: variant_rows;"
-                    " scripts.regs_json: sm90_registers, compiled on a CPU; see its note)",
+                    " scripts.regs_json: sm90_registers, compiled on a CPU; see its note); gates_and_A_rows from"
+                    " scripts.gates_and_A_bench (see gates_and_A_note)",
     "fused_key_split_probe": "profile_chunk.py (kernel_times) and speed_vs_fla.py (make_inputs), called by the one-off"
                              " script stored in the file (see its about and note)",
     "fused_profile": "profile_chunk.py --shape KxV --T 4096 --only fused_chunk_gla (rows); ncu_rows and warps_rows from"
