@@ -28,6 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from profile_chunk import make_step  # noqa: E402
 from speed_vs_fla import candidates, make_inputs, parse_shape  # noqa: E402
 from speed_vs_fla import ratios as speed_ratios  # noqa: E402
 
@@ -38,27 +39,6 @@ SETTING = {"B": 8, "H": 16, "dtype": "bfloat16"}
 DEFAULT_ONLY = ("chunk_gla", "fused_chunk_gla", "fla.chunk_gla")
 PASSES = ("fwd", "fwd_bwd")
 MODES = ("eager", "graph")
-
-
-def steps(run, inputs):
-    """``{"fwd": step, "fwd_bwd": step}`` for ``run(q, k, v, g) -> o`` and its leaf inputs: the forward under
-    ``torch.no_grad`` and a backward from a fixed cotangent, each step returning what it computed (o; the
-    four gradients, reset to None first so that a captured backward allocates them in the graph's pool)."""
-    import torch
-
-    do = torch.randn_like(inputs[2])
-
-    def forward():
-        with torch.no_grad():
-            return run(*inputs)
-
-    def forward_backward():
-        for x in inputs:
-            x.grad = None
-        run(*inputs).backward(do)
-        return [x.grad for x in inputs]
-
-    return {"fwd": forward, "fwd_bwd": forward_backward}
 
 
 def same_bits(a, b) -> bool:
@@ -92,7 +72,7 @@ def run_point(K, V, T, runs, first: bool) -> list[dict]:
     rows = []
     for name, (gate, run) in runs.items():
         inputs = make_inputs(SETTING["B"], T, SETTING["H"], K, V, gate, torch.bfloat16, "cuda")
-        step = steps(run, inputs)
+        step = {part: make_step(run, inputs, forward=part == "fwd") for part in PASSES}
         row = {"K": K, "V": V, "T": T, "name": name}
         if first:
             start = time.perf_counter()

@@ -49,17 +49,19 @@ def implementations(only=None):
 
 
 def make_step(fn, inputs, forward=False):
-    """One forward+backward step of ``fn`` (a forward under ``torch.no_grad`` when ``forward``)."""
+    """One forward+backward step of ``fn`` (a forward under ``torch.no_grad`` when ``forward``), returning what
+    it computed: o, or the inputs' gradients (reset to None first, so none is added into an old one, and a
+    step recorded in a CUDA graph allocates them in the graph's pool)."""
     do = torch.randn_like(inputs[2])
 
     def step():
         if forward:
             with torch.no_grad():
-                fn(*inputs)
-            return
-        for x in inputs:  # fresh gradients: no autograd accumulation into old ones in the profile
+                return fn(*inputs)
+        for x in inputs:
             x.grad = None
         fn(*inputs).backward(do)
+        return [x.grad for x in inputs]
 
     return step
 

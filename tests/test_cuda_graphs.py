@@ -5,9 +5,9 @@ CUDA graphs exist only on a GPU: on a CPU this module is skipped as a whole."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from gla_ref import bench
+from gla_ref.testing import as_torch, random_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
@@ -23,12 +23,8 @@ def kernels():
 
 def leaves(dtype, gate, seed, B=2, T=100, H=3, K=40, V=24):
     """q, k, v in ``dtype``, float32 log-gates and initial state, all requiring grad (T, K, V not multiples of 16)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k = (torch.randn(B, T, H, K, generator=gen, device="cuda").to(dtype) for _ in range(2))
-    v = torch.randn(B, T, H, V, generator=gen, device="cuda").to(dtype)
-    g = F.logsigmoid(torch.randn((B, T, H, K) if gate == "gla" else (B, T, H), generator=gen, device="cuda")) / 16
-    h0 = torch.randn(B, H, K, V, generator=gen, device="cuda")
-    return [x.requires_grad_() for x in (q, k, v, g, h0)]
+    x = as_torch(random_inputs(B, T, H, K, V, gate, seed=seed, tau=16.0, initial_state=True), dtype, "cuda", True)
+    return [x[n] for n in ("q", "k", "v", "g", "initial_state")]
 
 
 def step_of(fn, xs, do, dht):
