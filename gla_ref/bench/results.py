@@ -66,6 +66,11 @@ SCRIPTS = {
     "config_timings": "first_call.py --out benchmarks/results/config_timings_<device>.json",
     "speed_vs_fla": "speed_vs_fla.py",
     "cuda_graphs": "cuda_graphs.py",
+    "state_configs": "state_configs.py",
+    "state_tiles_speed": "speed_vs_fla.py --gpu-turns LOCK --shapes KxV --only chunk_gla --out X (one process per shape),"
+                         " then speed_vs_fla.py --merge X ... --out benchmarks/results/state_tiles_speed_<device>.json",
+    "state_tiles_fla_64x64": "speed_vs_fla.py --shapes 64x64 --T 1024 2048 4096 --only chunk_gla fla.chunk_gla"
+                             " --out benchmarks/results/state_tiles_fla_64x64_<device>.json",
     "fused_rerun_speed_vs_fla": "speed_vs_fla.py --shapes 64x64 128x128 --out benchmarks/results/fused_rerun_speed_vs_fla_<device>.json"
                                 " (then --shapes 128x256, and 256x512, --only chunk_gla fused_chunk_gla fla.chunk_gla:"
                                 " one process each, rows merged)",
