@@ -52,10 +52,10 @@ CANDIDATES = ((16, 64, 4, 3), (32, 32, 2, 3), (32, 32, 4, 3), (32, 64, 4, 2), (3
 BEFORE = {"fwd": ((32, 128, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2), (32, 256, 8, 2)),
           "bwd": ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (32, 256, 8, 2))}
 """The library's config lists before this sweep (chunk_state._fwd_configs and _configs at commit faaf010)."""
-LAUNCHES = ("fwd_decayed", "fwd_decayed_tma", "fwd_fp32", "bwd")
 
 
 def label(bk, bv, warps, stages) -> str:
+    """A config as the result names it, ``BKxBV/wWARPS/sSTAGES``."""
     return f"{bk}x{bv}/w{warps}/s{stages}"
 
 
