@@ -54,7 +54,7 @@ from gla_ref.triton._tiles import load_rows, sequence_chunks, token_base, token_
 def _configs():
     # the configs that won for per-key and scalar gates at the measured head shapes (benchmarks/results/config_timings_nvidia_h200.json),
     # the forward's 32 × 256 for V ≥ 256 (H200, 256 × 512: 0.2 ms off a 17.4 ms step), and two that beat them all with
-    # per-key gates (state_configs_nvidia_h200.json: 64 × 128 on 8 warps from K = 128, 0.92–0.98× the old best; 32 × 64
+    # per-key gates (state_configs_nvidia_h200.json: 64 × 128 on 8 warps from K = 128, 0.93–1.00× the old best; 32 × 64
     # at 64 × 64, 0.97×)
     return autotune_configs([triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s)
                              for bk, bv, w, s in ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (32, 256, 8, 2),
@@ -66,7 +66,7 @@ def _fwd_configs():
     # 32 × 128 block beat every smaller one by 1.4–2.9× with per-key gates (one k and gate tile serves
     # 128 value columns), 64 × 64 won with scalar gates; the two wider blocks are candidates for large V. A third
     # pipeline stage (loads of the next chunks in flight while this one's matmul runs) then took the forward's
-    # decayed path to 0.77–0.96× of those at every head shape (state_configs_nvidia_h200.json), and 32 × 64 the
+    # decayed path to 0.78–0.96× of those at every head shape (state_configs_nvidia_h200.json), and 32 × 64 the
     # backward's recomputation at 64 × 64 to 0.82× (twice the programs: 256 for 128 heads, on 132 SMs).
     return autotune_configs([triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s)
                              for bk, bv, w, s in ((32, 128, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2), (32, 256, 8, 2),
