@@ -37,10 +37,12 @@ from speed_vs_fla import make_inputs, parse_shape  # noqa: E402
 
 from gla_ref import bench  # noqa: E402
 from gla_ref.triton import chunk_state  # noqa: E402  (first: on a machine without CUDA it picks Triton's interpreter)
+import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from gla_ref.triton._common import autotune, cdiv  # noqa: E402
+from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands  # noqa: E402
 from gla_ref.triton.chunk_state import _decay, _precision  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -115,8 +117,6 @@ def tma_state_kernel(kt, v, gc, h, B, T, H: tl.constexpr, K: tl.constexpr, V: tl
 
 def use_torch_allocator():
     """Device-side tensor descriptors need global scratch, which Triton asks of the allocator set here."""
-    import torch
-
     where = "cuda" if torch.cuda.is_available() else "cpu"
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=where))
 
@@ -124,8 +124,6 @@ def use_torch_allocator():
 def tma_states(kernel, kt, v, gc, chunk_size: int):
     """``h [B, H, NT, K, V]`` in kt's dtype from ``kernel`` (the TMA kernel, bare or autotuned), as
     ``chunk_state_fwd(kt, v, gc, None, False, chunk_size, decayed=True)[0]`` computes it."""
-    import torch
-
     B, T, H, K = kt.shape
     V = v.shape[-1]
     h = torch.empty(B, H, cdiv(T, chunk_size), K, V, dtype=kt.dtype, device=kt.device)
@@ -145,10 +143,6 @@ def tuners() -> dict:
 
 def launches(K, V, T, tuned):
     """``{launch: (swept call, the library's call)}`` at one point, on the same inputs."""
-    import torch
-
-    from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands
-
     B, H, C = SETTING["B"], SETTING["H"], SETTING["chunk_size"]
     q, k, v, g = (x.detach() for x in make_inputs(B, T, H, K, V, "gla", torch.bfloat16, "cuda"))
     gc, _, kt = chunk_gates_and_operands(q, k, g, K ** -0.5, C)
@@ -176,8 +170,6 @@ def launches(K, V, T, tuned):
 
 def run_point(K, V, T, tuned, now) -> list[dict]:
     """A row per launch at one (K, V, T): every candidate's time, the winners, and the winner against the library."""
-    import torch
-
     rows = []
     for name, (swept, library) in launches(K, V, T, tuned).items():
         out, ref = swept(), library()
