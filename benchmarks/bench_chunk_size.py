@@ -93,9 +93,9 @@ def sweep(q, k, v, g, on_gpu, chunk_sizes=CHUNK_SIZES):
 
     from gla_ref.testing import rel_rmse
     from gla_ref.triton import chunk_gla, fused_chunk_gla
-    from gla_ref.triton._common import check_chunk_size
-    from gla_ref.triton.chunk_state import chunk_state_fwd_kernel
-    from gla_ref.triton.fused_chunk_fwd import CHUNK_SIZES as FUSED_SIZES
+    from gla_ref.triton.common.host import check_chunk_size
+    from gla_ref.triton.chunk.state import chunk_state_fwd_kernel
+    from gla_ref.triton.fused_chunk.forward import CHUNK_SIZES as FUSED_SIZES
 
     o_ref = chunk_gla(q, k, v, g)[0]  # the output every part must add up to, C = 64
     rows, unsupported, checks = [], [], {}

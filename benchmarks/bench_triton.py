@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from gla_ref import bench, torch_ref
-from gla_ref.triton import _launch, chunk_gla, chunk_simple_gla, fused_chunk_gla
+from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla
+from gla_ref.triton.common import launch_cache as _launch
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 

@@ -17,7 +17,7 @@ Python process (nothing compiled or tuned in memory) with ``TRITON_CACHE_DIR`` p
 Whether a kernel tuned is read from its autotuner's cache (one entry per key it has tuned); after each tuning the
 autotuner's ``configs_timings`` (Triton 3.x: config → do_bench's [median, p20, p80] ms) and ``bench_time`` are
 recorded, so the config lists can be pruned from measured data. ``GLA_REF_COMPILE_WORKERS`` (see
-``gla_ref.triton._common.precompile``) is passed on to the fresh processes and recorded. Writes
+``gla_ref.triton.common.host.precompile``) is passed on to the fresh processes and recorded. Writes
 ``benchmarks/results/first_call_<device>.json`` stamped by ``bench.environment()``. ``--smoke`` runs tiny float32
 shapes on any device (Triton's interpreter on a CPU keeps one config, so nothing tunes there) into a temp file.
 """
@@ -203,7 +203,7 @@ def main(argv=None):
         return args.child
 
     from gla_ref import bench
-    from gla_ref.triton._common import COMPILE_WORKERS
+    from gla_ref.triton.common.host import COMPILE_WORKERS
 
     on_gpu = bench.start_gpu_run(parser, args.smoke)
     if args.smoke:

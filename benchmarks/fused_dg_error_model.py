@@ -4,7 +4,7 @@
 
 On the H200, the fused kernel's bf16 dg moved away from float64 as T grew (relative RMSE 5.7e-3 at T = 4096,
 1.0e-2 at 16384) while its dq, dk and dv did not (``fused_tf32_rounding_nvidia_h200.json``). This script
-repeats the backward of ``gla_ref/triton/fused_chunk_bwd.py`` for one head in PyTorch, chunk by chunk in the
+repeats the backward of ``gla_ref/triton/fused_chunk/backward.py`` for one head in PyTorch, chunk by chunk in the
 kernels' order, with the same products: the four matmuls that take a float32 operand on the tensor cores
 (dO Sᵀ, (K ⊙ exp(b_C − b))ᵀ V, V dSᵀ and (Q ⊙ exp b)ᵀ dO) see their operands as TF32, truncated (as
 Triton hands them to the tensor cores) or rounded to nearest; every other product is float32, as the kernels' IEEE and three-TF32 matmuls nearly are. The inputs are bf16 values;

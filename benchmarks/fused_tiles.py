@@ -4,7 +4,7 @@
 
 Programs that hold every key (the forward and the dv kernel) take ``WIDE_STATE_ELEMENTS`` float32 state
 elements instead of ``STATE_ELEMENTS`` when the grid then still has a program per streaming multiprocessor
-(:func:`gla_ref.triton.fused_chunk_fwd.value_block`). For each (K, V) shape, in one process and on the same
+(:func:`gla_ref.triton.fused_chunk.forward.value_block`). For each (K, V) shape, in one process and on the same
 inputs (B=8, H=16, bf16, float32 gates of the paper's strength), both tilings are timed at every T: the
 forward and the forward+backward (``bench.time_cuda`` medians), each kernel's share of a forward+backward
 step (torch.profiler), the value columns a program holds and how many programs that makes, and the largest
@@ -42,7 +42,7 @@ PAIRS = (("fused_chunk_gla picked", "fused_chunk_gla narrow"), ("fused_chunk_gla
 @contextlib.contextmanager
 def tiling(name: str):
     """``narrow``: the launcher sees no SM count, so every program holds ``STATE_ELEMENTS``; ``picked``: as is."""
-    from gla_ref.triton import fused_chunk_fwd
+    from gla_ref.triton.fused_chunk import forward as fused_chunk_fwd
 
     real = fused_chunk_fwd.sm_count
     if name == "narrow":
@@ -55,7 +55,7 @@ def tiling(name: str):
 
 def tiles(q, v) -> dict:
     """Value columns of a whole-K program and the forward's program count, as the launcher would pick them."""
-    from gla_ref.triton.fused_chunk_fwd import launch_meta
+    from gla_ref.triton.fused_chunk.forward import launch_meta
 
     grid, meta = launch_meta(q, v, 16, "K")
     return {"BK": meta["BK"], "BV": meta["BV"], "programs": grid[0] * grid[1]}

@@ -5,12 +5,12 @@
 
 For each shape (B, T, H, K = V; float32) the gate gradient of ``⟨o, do⟩`` is computed three ways:
 
-* ``states``: every S_t and dS_t stored, :func:`gla_ref.grads.gla_states` and
-  :func:`~gla_ref.grads.gla_state_grads`, then :func:`~gla_ref.grads.gate_grad_from_states`;
+* ``states``: every S_t and dS_t stored, :func:`gla_ref.reference.grads.gla_states` and
+  :func:`~gla_ref.reference.grads.gla_state_grads`, then :func:`~gla_ref.reference.grads.gate_grad_from_states`;
 * ``autograd``: autograd of :func:`gla_ref.torch_ref.recurrent_gla` with respect to g, which saves
   the state of every step for the way back;
-* ``closed_form``: :func:`gla_ref.grads.gate_grad_closed_form` from q, k, dq and dk (dq and dk come
-  out of any backward pass; here from :func:`gla_ref.grads.gla_bwd_chunk`, outside the measurement).
+* ``closed_form``: :func:`gla_ref.reference.grads.gate_grad_closed_form` from q, k, dq and dk (dq and dk come
+  out of any backward pass; here from :func:`gla_ref.reference.grads.gla_bwd_chunk`, outside the measurement).
 
 ``peak_bytes`` is :func:`gla_ref.bench.peak_memory_cuda`: the most memory allocated while one route
 runs, above what was allocated before it (the inputs, and dq, dk for the closed form). Every route's
@@ -32,7 +32,8 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gla_ref import bench, device, grads, torch_ref  # noqa: E402
+from gla_ref import bench, device, torch_ref  # noqa: E402
+from gla_ref.reference import grads
 from gla_ref.testing import as_torch, random_inputs, rel_rmse  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -4,15 +4,15 @@
                                           [--shared-only] [--out PATH]
 
 A kernel needs no device to be compiled, only a target and an assembler. Each kernel is compiled here for sm_90
-at every autotune config, with the tiles its launcher picks (:func:`gla_ref.triton.fused_chunk_fwd.launch_meta`)
+at every autotune config, with the tiles its launcher picks (:func:`gla_ref.triton.fused_chunk.forward.launch_meta`)
 for bf16 inputs and float32 gates. The compiled kernel's metadata gives the shared memory a block takes, and
-``ptxas -v`` on its PTX (the ptxas Triton assembles with, :func:`gla_ref.triton._ptxas.triton_ptxas`) the
+``ptxas -v`` on its PTX (the ptxas Triton assembles with, :func:`gla_ref.triton.common.ptxas.triton_ptxas`) the
 registers a thread uses and the bytes it spills to local memory. Chapter 7 found the programs that hold 256 keys
 spilling on the H200; these numbers say so before any device time is spent, and say whether a change frees
 registers. The counts come from this machine's Triton and ptxas: another version of either may allocate otherwise.
 
 ``--tile wide`` gives the programs that hold every key (the forward and dv kernels) the wide tile, the launcher's
-pick on a full GPU at chunk size 16 (:func:`~gla_ref.triton.fused_chunk_fwd.value_block`); ``narrow``, the
+pick on a full GPU at chunk size 16 (:func:`~gla_ref.triton.fused_chunk.forward.value_block`); ``narrow``, the
 default, the tile it picks otherwise. The dq and dk programs have one tile. ``--shared-only`` skips ptxas (the
 shared-memory test runs that way). Prints one row per kernel and config; ``--out`` writes them as JSON, stamped by
 ``bench.environment()`` (``-`` prints the rows as JSON, the last line of the output).
@@ -44,7 +44,7 @@ def compiled_kernels():
     import gla_ref.device
 
     gla_ref.device.has_cuda = lambda: True
-    from gla_ref.triton import fused_chunk_bwd, fused_chunk_fwd
+    from gla_ref.triton.fused_chunk import backward as fused_chunk_bwd, forward as fused_chunk_fwd
 
     return {"fused_chunk_fwd": fused_chunk_fwd, "fused_chunk_bwd": fused_chunk_bwd}
 
@@ -62,7 +62,7 @@ def source(fn, const: dict):
 
 def ptxas_report(ptx: str) -> dict:
     """Registers a thread and spill bytes of one kernel's PTX, by ``ptxas -v`` for sm_90a."""
-    from gla_ref.triton._ptxas import triton_ptxas
+    from gla_ref.triton.common.ptxas import triton_ptxas
 
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "kernel.ptx"

@@ -1,4 +1,4 @@
-"""What the launch shortcut (``gla_ref.triton._launch``) saves: chunk GLA with it and without it, same process.
+"""What the launch shortcut (``gla_ref.triton.common.launch_cache``) saves: chunk GLA with it and without it, same process.
 
 Run on a CUDA GPU: ``python benchmarks/launch_overhead.py [--shape 128x128] [--T 1024 2048 4096] [--rounds 2]
 [--out PATH]``. For each T, rounds alternate the shortcut on and off (``GLA_REF_LAUNCH_CACHE``); each round
@@ -26,7 +26,8 @@ from bench_triton import make_inputs  # noqa: E402
 from profile_chunk import host_times, make_step  # noqa: E402
 
 from gla_ref import bench  # noqa: E402
-from gla_ref.triton import _launch, chunk_gla  # noqa: E402
+from gla_ref.triton import chunk_gla  # noqa: E402
+from gla_ref.triton.common import launch_cache as _launch
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 MODES = {"shortcut": "1", "triton": "0"}
@@ -48,11 +49,11 @@ def round_row(inputs, steps):
 
 def launch_row(inputs, n=2000):
     """Microseconds of host time per launch of ``chunk_output``: its wrapper, and the autotuned kernel alone."""
-    from gla_ref.triton._common import cdiv
-    from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands
-    from gla_ref.triton.chunk_intra import chunk_intra_attention
-    from gla_ref.triton.chunk_output import chunk_output, chunk_output_kernel
-    from gla_ref.triton.chunk_state import chunk_state_fwd
+    from gla_ref.triton.common.host import cdiv
+    from gla_ref.triton.chunk.cumsum import chunk_gates_and_operands
+    from gla_ref.triton.chunk.intra import chunk_intra_attention
+    from gla_ref.triton.chunk.output import chunk_output, chunk_output_kernel
+    from gla_ref.triton.chunk.state import chunk_state_fwd
 
     q, k, v, g = (x.detach() for x in inputs)
     B, T, H, K = q.shape

@@ -4,9 +4,9 @@
     python benchmarks/mqar_sweep.py --smoke    # any machine, seconds: tiny runs, a temporary file
 
 Every run trains a fresh two-layer, two-head :class:`gla_ref.layers.torch.GLALM` (mixer ``linear``,
-``retnet``, ``scalar`` or ``gla``; :func:`gla_ref.mqar.build_model`) on multi-query associative recall
-(:func:`gla_ref.mqar.make_mqar`) with :func:`gla_ref.mqar.train`, and records its accuracy on held-out
-examples (:func:`gla_ref.mqar.run`). The default grid: widths 32/64/128 × 8/16/32 pairs at T = 128 ×
+``retnet``, ``scalar`` or ``gla``; :func:`gla_ref.tasks.mqar.build_model`) on multi-query associative recall
+(:func:`gla_ref.tasks.mqar.make_mqar`) with :func:`gla_ref.tasks.mqar.train`, and records its accuracy on held-out
+examples (:func:`gla_ref.tasks.mqar.run`). The default grid: widths 32/64/128 × 8/16/32 pairs at T = 128 ×
 the four mixers × seeds 0, 1, 2, each run 1200 AdamW steps of 128 examples (vocabulary 512), every
 mixer with FLA's short convolution on q, k, v (``--no-short-conv`` leaves it out; the file's env
 records which). The layers use the ``fused_recurrent`` Triton kernel (one kernel per pass, compiled in
@@ -14,7 +14,7 @@ seconds; these tiny models are bound by launches, where the multi-kernel ``chunk
 ``--backend reference`` needs no Triton but moves far more memory. Pace measured on an H200 with 8
 workers at T = 256 (batch 128): about 42, 50 and 80 ms per step at widths 64, 128 and 256.
 
-The runs go seed-major (:func:`gla_ref.mqar.plan`) to ``--workers`` processes sharing the GPU: tiny
+The runs go seed-major (:func:`gla_ref.tasks.mqar.plan`) to ``--workers`` processes sharing the GPU: tiny
 models leave most of it idle, so several train at once. A line is printed as each run ends, and the JSON
 is rewritten after each, so a run cut short leaves its rows. With ``--budget-s`` (default 450) no run
 starts once the time spent plus the longest run so far would pass the budget, so later seeds are
@@ -23,7 +23,7 @@ finished. Check the pace first with a short probe, e.g.
 ``--seeds 0 --pairs 16 --steps 300 --out /tmp/mqar_probe.json`` (12 runs).
 
 The file is ``{"env": bench.environment() + the settings, "complete", "planned", "rows": [...]}`` with
-the row keys of :func:`gla_ref.mqar.run`; chapter 8 reads it with ``bench.latest_results("mqar")``.
+the row keys of :func:`gla_ref.tasks.mqar.run`; chapter 8 reads it with ``bench.latest_results("mqar")``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gla_ref import bench, mqar  # noqa: E402
+from gla_ref import bench  # noqa: E402
+from gla_ref.tasks import mqar
 
 RESULTS = ROOT / "benchmarks" / "results"
 FULL = dict(widths=[32, 64, 128], pairs=[8, 16, 32], seeds=[0, 1, 2], seq_len=128, vocab_size=512,

@@ -21,11 +21,11 @@ BENCH_MODES = ("fwd", "fwd+bwd")
 def _pallas_bench_inputs(B, T, H, K, V, dtype, gate):
     """Seeded q, k, v ~ N(0, 1) in ``dtype``, the output cotangent do, and the gates: log σ(N(0, 1))/16
     ``[B, T, H, K]`` for GLA (``gate="gla"``), ``[B, T, H]`` for a scalar gate per token (``"scalar"``), or the
-    ALiBi slopes of :mod:`gla_ref.gates` as ``g_gamma [H]`` (``"const"``)."""
+    ALiBi slopes of :mod:`gla_ref.reference.gates` as ``g_gamma [H]`` (``"const"``)."""
     import jax
     import jax.numpy as jnp
 
-    from gla_ref import gates
+    from gla_ref.reference import gates
 
     dt = jnp.dtype(dtype)
     keys = jax.random.split(jax.random.key(0), 5)

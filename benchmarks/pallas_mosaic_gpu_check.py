@@ -71,7 +71,7 @@ def accuracy_rows(Ts, smoke: bool, variants=None):
     import jax.numpy as jnp
     from test_pallas import check_variant
 
-    from gla_ref.pallas import _compat
+    from gla_ref.pallas import compat
 
     rows = []
     cases = [(v, jnp.bfloat16) for v in (SMOKE_VARIANTS if smoke else variants or VARIANTS)]
@@ -81,12 +81,12 @@ def accuracy_rows(Ts, smoke: bool, variants=None):
             for T in Ts:
                 interpret = False
                 if smoke:
-                    interpret = _compat.gpu_interpret_params() if launcher == "mosaic_gpu" else True
+                    interpret = compat.gpu_interpret_params() if launcher == "mosaic_gpu" else True
                 row = {"launcher": launcher, "variant": variant, "dtype": jnp.dtype(dtype).name, "T": T,
                        "mode": "interpreted" if smoke else "compiled"}
                 try:
                     if launcher == "mosaic_gpu":
-                        _compat.reset_gpu_interpreter()
+                        compat.reset_gpu_interpreter()
                     errors = check_variant(variant, chunk_size=64, dtype=dtype, launcher=launcher,
                                            interpret=interpret, tol=1.0, T=T, **ACCURACY)
                     row["rel_rmse"] = {k: float(e) for k, e in errors.items()}
@@ -177,7 +177,7 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
     from pallas_harness import _pallas_bench_inputs
 
     from gla_ref.pallas import chunk as pchunk
-    from gla_ref.pallas import gpu, mosaic_gpu
+    from gla_ref.pallas.launchers import gpu, mosaic_gpu
 
     p = TIMING
     q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
@@ -253,7 +253,7 @@ def gate_kernel_check(T, K, interpret=False):
     import numpy as np
     from pallas_harness import _pallas_bench_inputs
 
-    from gla_ref.pallas import mosaic_gpu_gates
+    from gla_ref.pallas.launchers.mosaic_gpu import gates as mosaic_gpu_gates
 
     p, C = TIMING, TIMING["chunk"]
     _, _, _, g, _ = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
@@ -328,9 +328,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import jax
 
-    from gla_ref.pallas import _compat
+    from gla_ref.pallas import compat
 
-    if not args.smoke and not _compat.mosaic_gpu_runs_here():
+    if not args.smoke and not compat.mosaic_gpu_runs_here():
         parser.error(f"needs a Hopper GPU and a JAX with Mosaic GPU (found {jax.devices()[0].device_kind}); "
                      "use --smoke on other machines")
     about = ("gla_ref.pallas paths (chunk_gla, fused_chunk_gla, chunk_simple_gla) on the Mosaic GPU launcher and "

@@ -294,7 +294,7 @@ def main(argv=None):
 
     from gla_ref import device
 
-    from gla_ref.triton import _launch
+    from gla_ref.triton.common import launch_cache as _launch
 
     setting = dict(SMOKE if args.smoke else FULL, launch_shortcut=_launch.enabled())
     if args.T:

@@ -3,7 +3,7 @@
     python benchmarks/state_configs.py [--shapes 64x64 128x128 128x256 256x512] [--T 2048 16384] [--out PATH]
 
 Step 2 of chunk GLA walks the chunks of one head in order, one program per ``BK × BV`` block of the state
-(:mod:`gla_ref.triton.chunk_state`): the only sequential loop of the algorithm, so its block shape decides how
+(:mod:`gla_ref.triton.chunk.state`): the only sequential loop of the algorithm, so its block shape decides how
 many programs share the GPU and its pipeline depth how many chunks' loads are in flight while one chunk's
 matmul runs. At B=8, H=16, bf16 q, k, v and float32 gates of the paper's strength, every config of
 :data:`CANDIDATES` (block, warps, pipeline stages) is timed for four launches:
@@ -36,14 +36,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from speed_vs_fla import make_inputs, parse_shape  # noqa: E402
 
 from gla_ref import bench  # noqa: E402
-from gla_ref.triton import chunk_state  # noqa: E402  (first: on a machine without CUDA it picks Triton's interpreter)
+from gla_ref.triton.chunk import state as chunk_state  # noqa: E402  (first: on a machine without CUDA it picks Triton's interpreter)
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gla_ref.triton._common import autotune, cdiv  # noqa: E402
-from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands  # noqa: E402
-from gla_ref.triton.chunk_state import _decay, _precision  # noqa: E402
+from gla_ref.triton.common.host import autotune, cdiv  # noqa: E402
+from gla_ref.triton.chunk.cumsum import chunk_gates_and_operands  # noqa: E402
+from gla_ref.triton.chunk.state import _decay, _precision  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SETTING = {"B": 8, "H": 16, "dtype": "bfloat16", "chunk_size": 64}

@@ -16,7 +16,7 @@ import gla_ref.triton.chunk as triton_chunk
 import gla_ref.triton.chunk_simple as triton_simple
 import gla_ref.triton.fused_chunk as triton_fused_chunk
 import gla_ref.triton.fused_recurrent as triton_fused_recurrent
-import gla_ref.triton.historical as triton_historical
+import gla_ref.teaching.historical as triton_historical
 from gla_ref import device, jax_ref, pallas, torch_ref
 from gla_ref import triton as gtriton
 from gla_ref._validate import check_chunk_sizes, check_flag, check_scale

@@ -1,10 +1,10 @@
-"""gla_ref.attention against direct float64 NumPy loops (written here, independent of the library)."""
+"""gla_ref.reference.attention against direct float64 NumPy loops (written here, independent of the library)."""
 
 import numpy as np
 import pytest
 import torch
 
-from gla_ref import attention as A
+from gla_ref.reference import attention as A
 from gla_ref.testing import as_torch, assert_close, random_inputs
 
 

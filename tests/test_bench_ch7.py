@@ -12,7 +12,8 @@ import matplotlib
 import pytest
 import torch
 
-from gla_ref import bench, plots, torch_ref
+from gla_ref import bench, torch_ref
+from gla_ref.viz import plots
 from gla_ref.testing import as_torch, random_inputs, rel_rmse
 
 matplotlib.use("Agg")

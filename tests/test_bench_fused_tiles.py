@@ -4,7 +4,7 @@ import pytest
 import torch
 from bench_scripts import load_script
 
-from gla_ref.triton import fused_chunk_fwd
+from gla_ref.triton.fused_chunk import forward as fused_chunk_fwd
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import torch
 from bench_scripts import load_script
 from triton.compiler.compiler import CompiledKernel
 
-from gla_ref.triton import _launch
+from gla_ref.triton.common import launch_cache as _launch
 
 
 @pytest.fixture(scope="module")

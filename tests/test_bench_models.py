@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gla_ref import attention as A
+from gla_ref.reference import attention as A
 from gla_ref import bench
 from gla_ref.testing import as_torch, random_inputs
 
@@ -97,7 +97,7 @@ def test_chapter1_plots_draw_the_model_counts():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gla_ref import plots
+    from gla_ref.viz import plots
 
     Ts = [64, 256, 1024]
     ax = plots.plot_flops_vs_length(Ts, chunk_sizes=[16, 64], d=32)

@@ -22,8 +22,8 @@ def state_configs():
 def test_tma_states_equal_the_library(state_configs, dtype, B, T, H, K, V, C):
     import triton
 
-    from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands
-    from gla_ref.triton.chunk_state import chunk_state_fwd
+    from gla_ref.triton.chunk.cumsum import chunk_gates_and_operands
+    from gla_ref.triton.chunk.state import chunk_state_fwd
 
     x = as_torch(random_inputs(B, T, H, K, V, "gla", seed=T + K, tau=4), dtype=dtype, device="cpu")
     gc, _, kt = chunk_gates_and_operands(x["q"], x["k"], x["g"], 0.3, C)

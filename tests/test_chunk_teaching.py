@@ -1,5 +1,5 @@
 """Chapter 3 teaching helpers: the two-level FLOP split (gla_ref.bench) and the Figure-3 block
-map (gla_ref.plots), each against a count written here tile by tile or token pair by pair."""
+map (gla_ref.viz.plots), each against a count written here tile by tile or token pair by pair."""
 
 import matplotlib
 
@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from gla_ref.bench import two_level_flop_split  # noqa: E402
-from gla_ref.plots import CHUNK_MAP_KINDS, chunk_block_labels, plot_chunk_map, plot_error_curves  # noqa: E402
+from gla_ref.viz.plots import CHUNK_MAP_KINDS, chunk_block_labels, plot_chunk_map, plot_error_curves  # noqa: E402
 
 SIZES = [  # (T, C, c, K, V)
     (4096, 64, 16, 128, 128),  # the chapter's realistic case

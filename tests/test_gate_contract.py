@@ -277,7 +277,7 @@ def _clamps(path):
 def test_no_float_clamp_in_the_kernels(package):
     """A GPU's ``tl.minimum(x, 0.0)`` returns 0 for a NaN x (Triton's CPU interpreter keeps the NaN, so
     the NaN tests above cannot see it there): a clamp on values must be a ``where`` that keeps NaN
-    (:func:`gla_ref.triton._gates.at_most_zero`). Index clamps (integers) are fine."""
+    (:func:`gla_ref.triton.common.gates.at_most_zero`). Index clamps (integers) are fine."""
     root = pathlib.Path(pallas.__file__).parent.parent / package
     found = {p.name: c for p in sorted(root.glob("*.py")) if (c := _clamps(p))}
     assert not found, found

@@ -1,4 +1,4 @@
-"""Tests of gla_ref.gates (chapter 2) and its plots: each function against a direct computation."""
+"""Tests of gla_ref.reference.gates (chapter 2) and its plots: each function against a direct computation."""
 
 import math
 
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from gla_ref import gates, plots
+from gla_ref.reference import gates
+from gla_ref.viz import plots
 
 matplotlib.use("Agg")
 

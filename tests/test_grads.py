@@ -1,9 +1,10 @@
-"""The hand-written backward passes of gla_ref.grads against autograd of gla_ref.torch_ref (float64)."""
+"""The hand-written backward passes of gla_ref.reference.grads against autograd of gla_ref.torch_ref (float64)."""
 
 import pytest
 import torch
 
-from gla_ref import grads, torch_ref
+from gla_ref import torch_ref
+from gla_ref.reference import grads
 from gla_ref.testing import as_torch, assert_close, random_inputs
 
 SHAPES = [{"B": 1, "T": 1, "H": 1, "K": 4, "V": 4}, {"B": 2, "T": 37, "H": 2, "K": 6, "V": 10}, {"B": 1, "T": 16, "H": 1, "K": 8, "V": 3}]

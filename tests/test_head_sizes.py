@@ -40,14 +40,15 @@ from gla_ref.pallas import chunk_simple_gla as pallas_chunk_simple_gla
 from gla_ref.pallas import fused_chunk_gla as pallas_fused_chunk_gla
 from gla_ref.pallas import simple as pallas_simple_module
 from gla_ref.testing import as_jax, as_torch, assert_close, random_inputs
-from gla_ref.triton import _common, chunk_gla, chunk_simple_gla, fused_chunk_gla, fused_recurrent_gla
+from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla, fused_recurrent_gla
+from gla_ref.triton.common import host as _common
 from gla_ref.triton import chunk as chunk_module
 from gla_ref.triton import chunk_simple as simple_module
 from gla_ref.triton import fused_chunk as fused_chunk_module
-from gla_ref.triton import fused_chunk_fwd
+from gla_ref.triton.fused_chunk import forward as fused_chunk_fwd
 from gla_ref.triton import fused_recurrent as fused_recurrent_module
-from gla_ref.triton import historical as historical_module
-from gla_ref.triton.fused_chunk_fwd import launch_meta, value_block
+from gla_ref.teaching import historical as historical_module
+from gla_ref.triton.fused_chunk.forward import launch_meta, value_block
 from recurrence64 import recurrence64, recurrence64_grads
 from triton_cases import forbid_launch
 
@@ -243,7 +244,7 @@ def _pallas_id(case):
 
 @pytest.mark.parametrize("case", _pallas_cases(), ids=_pallas_id)
 def test_pallas_kernel_against_float64_recurrence(case):
-    from gla_ref.pallas import _compat
+    from gla_ref.pallas import compat
 
     name, K, V, launcher = case
     call, gate = PALLAS[name]
@@ -256,10 +257,10 @@ def test_pallas_kernel_against_float64_recurrence(case):
     kw = dict(chunk_size=16)
     place = contextlib.nullcontext()
     if launcher == "tpu":
-        params = _compat.tpu_interpret_params(detect_races=True, random_seed=7) if not native else None
+        params = compat.tpu_interpret_params(detect_races=True, random_seed=7) if not native else None
         assert native or params is not None, f"jax {jax.__version__} has no pltpu.InterpretParams"
         kw.update(launcher="tpu", interpret=params if not native else None)
-        _compat.reset_tpu_interpreter()
+        compat.reset_tpu_interpreter()
         if not native:
             place = jax.default_device(jax.devices("cpu")[0])
 
@@ -275,7 +276,7 @@ def test_pallas_kernel_against_float64_recurrence(case):
         compiled = lowered.compile(CPU_COMPILE) if not native else lowered.compile()
         (o, S), got = compiled(*args)
     if launcher == "tpu":
-        assert _compat.races_found() is not True, "the TPU interpreter detected a data race"
+        assert compat.races_found() is not True, "the TPU interpreter detected a data race"
     ro, rS = recurrence64(*(x[n] for n in ("q", "k", "v", "g")), initial_state=x["initial_state"])
     rgrads = recurrence64_grads(*(x[n] for n in ("q", "k", "v", "g")), initial_state=x["initial_state"],
                                 do=do, dS=dS)

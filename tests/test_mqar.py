@@ -1,4 +1,4 @@
-"""MQAR (gla_ref.mqar): the generator's invariants, a training step that lowers the loss, the sweep's
+"""MQAR (gla_ref.tasks.mqar): the generator's invariants, a training step that lowers the loss, the sweep's
 rows, and benchmarks/mqar_sweep.py --smoke writing a result that bench.load_results accepts.
 
 Shapes are tiny (T ≤ 64, d = 16) so the CPU runs them in seconds.
@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from gla_ref import bench, mqar
+from gla_ref import bench
+from gla_ref.tasks import mqar
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASK = dict(seq_len=64, num_pairs=8, vocab_size=64)
@@ -188,7 +189,7 @@ def test_sweep_script_starts_no_run_past_its_budget(monkeypatch):
 
 
 def test_importing_mqar_loads_no_framework():
-    code = ("import sys, gla_ref.mqar; "
+    code = ("import sys, gla_ref.tasks.mqar; "
             "print(sorted(m for m in ('torch', 'jax', 'triton', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from gla_ref import device, jax_ref
-from gla_ref.pallas import _compat, chunk_gla, chunk_simple_gla, fused_chunk_gla
+from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla
+from gla_ref.pallas import compat
 from gla_ref.testing import as_jax, random_inputs, rel_rmse, rounded_cotangents, rounded_inputs
 
 PLATFORM = device.jax_platform()
@@ -40,8 +41,8 @@ VARIANTS = {
 
 
 def _slopes_g_gamma(H):
-    """ALiBi-style constant decays from gla_ref.gates (the RFC's g_gamma), made a bit stronger."""
-    from gla_ref.gates import build_slope_tensor
+    """ALiBi-style constant decays from gla_ref.reference.gates (the RFC's g_gamma), made a bit stronger."""
+    from gla_ref.reference.gates import build_slope_tensor
 
     return -4.0 * build_slope_tensor(H)
 
@@ -166,7 +167,7 @@ def test_bfloat16_accuracy_at_a_realistic_length(variant, launcher):
     chunk (chunk_math.chunk_gate_grad; the fused path from per-chunk rows, chunk._fused_gate_grad):
     the sequence-wide reverse sum of q ⊙ dq − k ⊙ dk it replaced gave dg 8.4e-3 here against
     unrounded inputs (7.6e-3 for a scalar gate; 1.4e-2 on an H200 at longer T)."""
-    interpret = True if launcher == "gpu" else _compat.tpu_interpret_params()
+    interpret = True if launcher == "gpu" else compat.tpu_interpret_params()
     with _on_cpu():
         errors = check_variant(variant, chunk_size=64, dtype=jnp.bfloat16, launcher=launcher, interpret=interpret,
                                tol=5e-3, B=2, T=256, H=2, K=64, V=64, tau=16.0)
@@ -189,12 +190,12 @@ def _on_cpu():
 def test_tpu_launcher_interpreted(variant, chunk_size, cores, shape):
     """The Mosaic launcher under the TPU interpreter: NaN-filled scratch, a random order of the
     "parallel" grid points (shared by two emulated cores in one case), the race detector on."""
-    params = _compat.tpu_interpret_params(detect_races=True, random_seed=7, num_cores=cores)
+    params = compat.tpu_interpret_params(detect_races=True, random_seed=7, num_cores=cores)
     assert params is not None, f"jax {jax.__version__} has no pltpu.InterpretParams"
-    _compat.reset_tpu_interpreter()
+    compat.reset_tpu_interpreter()
     with _on_cpu():
         check_variant(variant, chunk_size=chunk_size, launcher="tpu", interpret=params, **shape)
-    assert _compat.races_found() is not True, "the TPU interpreter detected a data race"
+    assert compat.races_found() is not True, "the TPU interpreter detected a data race"
 
 
 def test_gpu_launcher_interpreted():

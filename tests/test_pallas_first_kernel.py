@@ -1,4 +1,4 @@
-"""Chapter 5's first Pallas kernel (gla_ref.pallas.first_kernel): the chunk-local cumulative log-gate.
+"""Chapter 5's first Pallas kernel (gla_ref.teaching.pallas_first_kernel): the chunk-local cumulative log-gate.
 
 Interpreted on the CPU against a float64 NumPy cumsum per chunk, its argument errors, and its
 lowering for TPU (Mosaic) and GPU (Triton) without either device.
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gla_ref.pallas import _compat
-from gla_ref.pallas.first_kernel import check, chunk_local_cumsum
+from gla_ref.pallas import compat
+from gla_ref.teaching.pallas_first_kernel import check, chunk_local_cumsum
 from gla_ref.testing import assert_close
 
 
@@ -63,10 +63,10 @@ def test_bad_arguments_are_named(g, C, err, match):
 def test_lowers_for_tpu_and_gpu():
     x = jax.ShapeDtypeStruct((4, 128, 128), jnp.float32)
     tpu = jax.export.export(jax.jit(lambda g: chunk_local_cumsum(
-        g, 64, compiler_params=_compat.tpu_compiler_params("parallel", "parallel"))), platforms=["tpu"])(x)
+        g, 64, compiler_params=compat.tpu_compiler_params("parallel", "parallel"))), platforms=["tpu"])(x)
     assert tpu.mlir_module().count("tpu_custom_call") == 1
-    with _compat.abstract_gpu("NVIDIA H200"):
-        gpu = jax.jit(lambda g: chunk_local_cumsum(g, 64, compiler_params=_compat.triton_compiler_params())).trace(
+    with compat.abstract_gpu("NVIDIA H200"):
+        gpu = jax.jit(lambda g: chunk_local_cumsum(g, 64, compiler_params=compat.triton_compiler_params())).trace(
             x).lower(lowering_platforms=("cuda",)).as_text()
     assert "__gpu$xla.gpu.triton" in gpu
     assert "grid_x = 4" in gpu and "grid_y = 2" in gpu  # the Pallas grid (BH, T / C) as the CUDA grid

@@ -1,4 +1,4 @@
-"""The Mosaic GPU launcher (``launcher="mosaic_gpu"``, gla_ref.pallas.mosaic_gpu) on a CPU.
+"""The Mosaic GPU launcher (``launcher="mosaic_gpu"``, gla_ref.pallas.launchers.mosaic_gpu) on a CPU.
 
 Its kernels run in the Mosaic GPU interpreter (SMEM, TMA copies, barriers and ``wgmma``
 simulated, the race detector on, uninitialised SMEM filled with NaN). Every output and gradient is
@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 from test_pallas import check_variant, make_inputs
 
-from gla_ref.pallas import _compat, chunk_gla, chunk_simple_gla, fused_chunk_gla
-from gla_ref.pallas import mosaic_gpu as mgpu_launcher
+from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla
+from gla_ref.pallas import compat
+from gla_ref.pallas.launchers import mosaic_gpu as mgpu_launcher
 from gla_ref.testing import as_jax
 
 bf16 = jnp.bfloat16
-pytestmark = pytest.mark.skipif(_compat.gpu_interpret_params() is None,
+pytestmark = pytest.mark.skipif(compat.gpu_interpret_params() is None,
                                 reason=f"jax {jax.__version__} has no Mosaic GPU interpreter")
 
 
@@ -32,14 +33,14 @@ pytestmark = pytest.mark.skipif(_compat.gpu_interpret_params() is None,
 def _interpreter():
     """Fresh interpreter state (JAX needs it after a failure inside the interpreter), CPU arrays,
     and no data race found on the way out."""
-    _compat.reset_gpu_interpreter()
+    compat.reset_gpu_interpreter()
     try:
         with jax.default_device(jax.devices("cpu")[0]):
-            yield _compat.gpu_interpret_params(detect_races=True)
+            yield compat.gpu_interpret_params(detect_races=True)
         races = _gpu_races()
         assert races is not True, "the Mosaic GPU interpreter detected a data race"
     finally:
-        _compat.reset_gpu_interpreter()
+        compat.reset_gpu_interpreter()
 
 
 def _gpu_races():
@@ -90,7 +91,7 @@ def test_kernels_match_the_triton_backend_kernels():
     tensor cores. Two chunks, random states (two value blocks: test_small_shapes_against_float64). The
     per-chunk kernels run their exact form (diagonal tiles one key at a time in float32, as the Triton-backend
     kernels do); the fast form is checked against float64 by the other tests."""
-    from gla_ref.pallas import gpu
+    from gla_ref.pallas.launchers import gpu
 
     rng = np.random.default_rng(3)
     B, H, T, K, V, C = 1, 1, 128, 64, 64, 64
@@ -425,9 +426,9 @@ def test_default_launcher_on_a_gpu(monkeypatch, hopper):
     """launcher=None on a GPU: Mosaic GPU on Hopper (compiled) where it takes the call (bf16, chunk 64,
     K <= 128, fused K <= 64) and the gate is not a constant one, the Triton backend otherwise and on other GPUs."""
     from gla_ref.pallas import chunk as pchunk
-    from gla_ref.pallas import gpu
+    from gla_ref.pallas.launchers import gpu
 
-    monkeypatch.setattr(_compat, "mosaic_gpu_runs_here", lambda: hopper)
+    monkeypatch.setattr(compat, "mosaic_gpu_runs_here", lambda: hopper)
     monkeypatch.setattr(pchunk.device, "jax_platform", lambda: "gpu")
 
     def plan(dtype=bf16, chunk=64, K=128, fused=False):
@@ -511,7 +512,7 @@ def test_lowers_for_cuda(monkeypatch, fused, gate, B, T, H, K, V, xla_gate_sums)
 
     args = (sds((B, T, H, K), bf16), sds((B, T, H, K), bf16), sds((B, T, H, V), bf16),
             sds((B, T, H, K) if gate == "gla" else (B, T, H), jnp.float32), sds((B, H, K, V), jnp.float32))
-    with _compat.abstract_gpu("NVIDIA H100"):
+    with compat.abstract_gpu("NVIDIA H100"):
         forward, both = (jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
                          for f in (fwd, fwd_bwd))
     forms = 2 if gate == "gla" else 1
@@ -544,7 +545,7 @@ def test_whole_chunk_gradient_kernel_lowers_for_cuda(K):
     def grads(*a):
         return mgpu_launcher.chunk_bwd(*a, chunk=C, scale=0.25, interpret=False, whole_chunk=True)
 
-    with _compat.abstract_gpu("NVIDIA H100"):
+    with compat.abstract_gpu("NVIDIA H100"):
         text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert _mosaic_calls(text) == 1 and "gla_chunk_bwd_mgpu" in text
 
@@ -628,12 +629,12 @@ def test_benchmark_glue_rows_time_what_run_does_around_the_kernels(monkeypatch):
 @pytest.mark.parametrize("dtype", [jnp.float32, bf16, jnp.float16])
 @pytest.mark.parametrize("B, T, H, K", [(1, 128, 2, 64), (2, 64, 3, 128)])
 def test_gate_sum_kernel_against_float64(dtype, B, T, H, K):
-    """The gate-sum kernel (gla_ref.pallas.mosaic_gpu_gates, Mosaic GPU interpreter) reads g [B, T, H, K] in its
+    """The gate-sum kernel (gla_ref.pallas.launchers.mosaic_gpu.gates, Mosaic GPU interpreter) reads g [B, T, H, K] in its
     dtype and writes b [B, H, T, K]: the float64 chunk-local cumulative sums to float32 rounding (three bf16 parts
     by a triangle of ones), as the TPU launcher's XLA matmul gives them. A NaN, a positive or a -inf gate makes
     its column NaN in every row of its chunk, rows before it too, and nothing else."""
     from gla_ref.pallas import chunk as pchunk
-    from gla_ref.pallas import mosaic_gpu_gates
+    from gla_ref.pallas.launchers.mosaic_gpu import gates as mosaic_gpu_gates
 
     g = jnp.log(jax.nn.sigmoid(2.0 * jax.random.normal(jax.random.key(B + K), (B, T, H, K)))).astype(dtype)
     exact = np.swapaxes(np.asarray(g.astype(jnp.float32), np.float64), 1, 2).reshape(B, H, T // 64, 64, K)

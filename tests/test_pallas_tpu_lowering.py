@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from gla_ref.pallas import _compat, chunk_gla, chunk_simple_gla, fused_chunk_gla
+from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla
+from gla_ref.pallas import compat
 
 f32, bf16 = jnp.float32, jnp.bfloat16
 
@@ -76,7 +77,7 @@ def test_triton_lowering(name, shape):
     B, T, H, K, V, C, dtype = shape
     args = _specs(name, B, T, H, K, V, dtype)
     for with_states in (False, True):
-        with _compat.abstract_gpu("NVIDIA H100"):
+        with compat.abstract_gpu("NVIDIA H100"):
             lowered = jax.jit(_fwd_and_bwd(name, C, "gpu", with_states)).trace(*args).lower(
                 lowering_platforms=("cuda",))
         assert "__gpu$xla.gpu.triton" in lowered.as_text(), "expected Triton kernels"
@@ -88,7 +89,7 @@ def test_tpu_blocks_fill_the_mxu_where_dims_allow(K, V, C, scalar):
     """The Mosaic launcher's launch parameters: whole (padded) K and 128 value columns a block, so
     every state matmul is ≥ 128 wide; a scalar/constant gate's intra-chunk scores are one whole-chunk
     tile of C rows, GLA's are 16-row tiles (its per-key decay needs them)."""
-    from gla_ref.pallas import tpu
+    from gla_ref.pallas.launchers import tpu
 
     p = tpu.launch_params(K, V, C, scalar)
     assert p["BK"] >= 128 and p["BK"] >= K and p["BK"] % 128 == 0

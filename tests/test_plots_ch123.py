@@ -1,4 +1,4 @@
-"""The teaching helpers of chapters 1–3 in gla_ref.plots: the displayed source is the library's,
+"""The teaching helpers of chapters 1–3 in gla_ref.viz.plots: the displayed source is the library's,
 the chunkwise picture has one chunk, triangle and state per place it claims, and the per-channel
 decay curves are what the recurrence keeps of a write."""
 
@@ -15,7 +15,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Polygon, Rectangle
 
-from gla_ref import plots, torch_ref
+from gla_ref import torch_ref
+from gla_ref.viz import plots
 
 
 @pytest.fixture(autouse=True)

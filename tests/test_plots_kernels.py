@@ -1,4 +1,4 @@
-"""gla_ref.plots_kernels draws what the launchers launch.
+"""gla_ref.viz.kernels draws what the launchers launch.
 
 Every family is launched with its kernels replaced by recorders (nothing runs): the recorded grids,
 block sizes and output tensors (Triton) or grids and block shapes (Pallas) must match the specs the
@@ -16,7 +16,7 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from gla_ref import plots_kernels as pk
+from gla_ref.viz import kernels as pk
 
 # awkward shapes: T not a multiple of C, K and V not powers of two, several value blocks
 SHAPES = [dict(B=1, T=50, H=2, K=20, V=24, C=16), dict(B=2, T=77, H=1, K=100, V=72, C=32),
@@ -32,9 +32,13 @@ def _close_figures():
 # ----------------------------------------------------------------------------- constants
 
 def test_constants_are_the_launchers():
-    from gla_ref.pallas import chunk_math, gpu, tpu
-    from gla_ref.triton import chunk_intra, chunk_output, chunk_simple, chunk_state, fused_chunk_fwd
-    from gla_ref.triton import fused_recurrent, historical
+    from gla_ref.pallas import chunk_math
+    from gla_ref.pallas.launchers import gpu, tpu
+    from gla_ref.triton import chunk_simple
+    from gla_ref.triton.chunk import intra as chunk_intra, output as chunk_output, state as chunk_state
+    from gla_ref.triton.fused_chunk import forward as fused_chunk_fwd
+    from gla_ref.triton import fused_recurrent
+    from gla_ref.teaching import historical
 
     assert pk.RECURRENT_STATE_BUDGET == fused_recurrent.STATE_BUDGET
     assert pk.FUSED_STATE_ELEMENTS == fused_chunk_fwd.STATE_ELEMENTS
@@ -95,7 +99,7 @@ def _launch_triton(family, s, monkeypatch):
 
     import gla_ref.triton as tr
     from gla_ref.testing import as_torch, random_inputs
-    from gla_ref.triton import historical
+    from gla_ref.teaching import historical
 
     log = []
     for module, attr in TRITON_KERNELS[family]:

@@ -1,4 +1,4 @@
-"""gla_ref.plots.plot_ratio_curves (chapter 7's ratios against FLA): one line per curve with its data,
+"""gla_ref.viz.plots.plot_ratio_curves (chapter 7's ratios against FLA): one line per curve with its data,
 parity and target lines where asked, length ticks in K, and a clear error for malformed curves."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from gla_ref import plots
+from gla_ref.viz import plots
 
 
 @pytest.fixture(autouse=True)

@@ -124,7 +124,7 @@ def test_needs_magic_runs_or_skips_cells():
 def test_the_framework_free_modules_load_no_framework():
     """What a reader imports before any framework is installed (setup cell, stored results, layers' shared
     configuration) must not import torch, jax or triton."""
-    modules = ["gla_ref", "gla_ref.runtime", "gla_ref.device", "gla_ref.bench", "gla_ref.gates", "gla_ref.layers",
+    modules = ["gla_ref", "gla_ref.runtime", "gla_ref.device", "gla_ref.bench", "gla_ref.reference.gates", "gla_ref.layers",
                "gla_ref.sequence_parallel", "gla_ref._validate"]
     code = (f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
             "from gla_ref import bench, device; bench.latest_results('triton_bench'); device.has_triton()\n"

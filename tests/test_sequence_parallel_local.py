@@ -1,5 +1,5 @@
 """gla_ref.sequence_parallel.local (process groups started from Python), .costs (bytes models and
-the collectives of compiled HLO) and gla_ref.plots_parallel (the scan schedules of chapter 9).
+the collectives of compiled HLO) and gla_ref.viz.parallel (the scan schedules of chapter 9).
 
 The multi-process tests start gloo groups on 127.0.0.1 and stop by themselves (timeouts)."""
 
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from gla_ref import plots_parallel, torch_ref
+from gla_ref import torch_ref
+from gla_ref.viz import parallel as plots_parallel
 from gla_ref.sequence_parallel import costs, local
 from gla_ref.testing import as_torch, random_inputs, rel_rmse
 

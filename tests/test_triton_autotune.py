@@ -10,7 +10,7 @@ import triton.language as tl
 from triton.runtime import _async_compile
 
 from gla_ref import device
-from gla_ref.triton import _common
+from gla_ref.triton.common import host as _common
 
 
 class Recorder:

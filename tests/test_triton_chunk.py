@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gla_ref import device
-from gla_ref.gates import SAFE_DECAY
+from gla_ref.reference.gates import SAFE_DECAY
 from gla_ref.testing import as_torch, assert_close, random_inputs
 from gla_ref.torch_ref import chunk_gla as chunk_ref
 from gla_ref.torch_ref import recurrent_gla
@@ -239,9 +239,9 @@ def test_values_unchecked_without_debug():
 
 # ----------------------------------------------------------------------------- backward steps: dA, intra-chunk dq/dk
 
-from gla_ref.triton.chunk_backward import chunk_bwd_dA  # noqa: E402
-from gla_ref.triton.chunk_backward_intra import chunk_bwd_dqk_intra  # noqa: E402
-from gla_ref.triton.chunk_cumsum import chunk_local_cumsum  # noqa: E402
+from gla_ref.triton.chunk.backward import chunk_bwd_dA  # noqa: E402
+from gla_ref.triton.chunk.backward_intra import chunk_bwd_dqk_intra  # noqa: E402
+from gla_ref.triton.chunk.cumsum import chunk_local_cumsum  # noqa: E402
 
 
 class StepCase(NamedTuple):
@@ -321,10 +321,10 @@ def test_bwd_dqk_intra_step(c):
 
 # ----------------------------------------------------------------------------- forward steps: A, states, output
 
-from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands  # noqa: E402
-from gla_ref.triton.chunk_intra import chunk_intra_attention  # noqa: E402
-from gla_ref.triton.chunk_output import chunk_output  # noqa: E402
-from gla_ref.triton.chunk_state import chunk_state_fwd  # noqa: E402
+from gla_ref.triton.chunk.cumsum import chunk_gates_and_operands  # noqa: E402
+from gla_ref.triton.chunk.intra import chunk_intra_attention  # noqa: E402
+from gla_ref.triton.chunk.output import chunk_output  # noqa: E402
+from gla_ref.triton.chunk.state import chunk_state_fwd  # noqa: E402
 
 
 def _step_inputs(c):

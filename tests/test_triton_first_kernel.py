@@ -1,4 +1,4 @@
-"""Chapter 4's first Triton kernel (gla_ref.triton.first_kernel): the chunk-local cumulative log-gate.
+"""Chapter 4's first Triton kernel (gla_ref.teaching.triton_first_kernel): the chunk-local cumulative log-gate.
 
 Checked against the float64 cumsum restarted at every chunk and against the library's step 1
 (chunk_cumsum.chunk_local_cumsum), at awkward sizes: T = 1, T shorter than a chunk, T one past a
@@ -15,9 +15,9 @@ import torch
 
 from gla_ref import device
 from gla_ref.testing import as_torch, assert_close, random_inputs
-from gla_ref.triton import first_kernel
-from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
-from gla_ref.triton.first_kernel import first_chunk_cumsum, first_cumsum_kernel
+from gla_ref.teaching import triton_first_kernel as first_kernel
+from gla_ref.triton.chunk.cumsum import chunk_local_cumsum
+from gla_ref.teaching.triton_first_kernel import first_chunk_cumsum, first_cumsum_kernel
 
 DEV = device.torch_device()
 CUDA = torch.cuda.is_available()

@@ -18,11 +18,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from gla_ref import device
-from gla_ref.gates import SAFE_DECAY
+from gla_ref.reference.gates import SAFE_DECAY
 from gla_ref.testing import as_torch, random_inputs, rel_rmse
 from gla_ref.torch_ref import chunk_gla, recurrent_gla
 from gla_ref.triton import fused_chunk as fused_chunk_module
-from gla_ref.triton import fused_chunk_bwd, fused_chunk_fwd, fused_chunk_gla, fused_recurrent_gla
+from gla_ref.triton import fused_chunk_gla, fused_recurrent_gla
+from gla_ref.triton.fused_chunk import backward as fused_chunk_bwd, forward as fused_chunk_fwd
 from gla_ref.triton import fused_recurrent as fused_recurrent_module
 from triton_cases import (bad_inputs, check_outputs, compare_with_reference, float64_copies, forbid_launch, grads,
                           poisoned)

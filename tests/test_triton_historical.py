@@ -1,4 +1,4 @@
-"""The historical five-step GLA forward (gla_ref.triton.historical) against float64 computations.
+"""The historical five-step GLA forward (gla_ref.teaching.historical) against float64 computations.
 
 The whole pipeline is checked against the float64 recurrence; each stage is checked on its own,
 against a float64 computation of that stage from the very inputs the kernel was given, so an
@@ -21,7 +21,7 @@ from gla_ref import device
 from gla_ref.testing import as_torch, assert_close, random_inputs, to_numpy
 from gla_ref.torch_ref import chunk_gla
 from gla_ref.triton import fused_chunk_gla_historical
-from gla_ref.triton import historical as hist
+from gla_ref.teaching import historical as hist
 from triton_cases import bad_inputs, forbid_launch, poisoned
 
 CUDA = torch.cuda.is_available()

@@ -1,4 +1,4 @@
-"""The launch shortcut of gla_ref.triton (:mod:`gla_ref.triton._launch`).
+"""The launch shortcut of gla_ref.triton (:mod:`gla_ref.triton.common.launch_cache`).
 
 On a CPU Triton interprets and there is no compiled binary to keep, so stand-ins play Triton's part: a base
 ``run`` counts the launches that took Triton's path and returns a stand-in binary that records how it was
@@ -13,7 +13,7 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
-from gla_ref.triton import _launch
+from gla_ref.triton.common import launch_cache as _launch
 
 
 class Binary(CompiledKernel):
@@ -151,8 +151,8 @@ def test_cache_launches_swaps_compiled_kernels_and_leaves_interpreted_ones():
 
 def test_the_library_s_kernels_carry_the_shortcut_when_compiled():
     from gla_ref import device
-    from gla_ref.triton.chunk_cumsum import chunk_cumsum_kernel
-    from gla_ref.triton.chunk_output import chunk_output_kernel
+    from gla_ref.triton.chunk.cumsum import chunk_cumsum_kernel
+    from gla_ref.triton.chunk.output import chunk_output_kernel
 
     expected = (_launch.CachedJIT, _launch.CachedAutotuner)
     if device.triton_interpret():
@@ -169,7 +169,7 @@ def test_chunk_gla_through_the_shortcut_equals_triton_s_path_bit_for_bit(monkeyp
     import torch.nn.functional as F
 
     from gla_ref.triton import chunk_gla
-    from gla_ref.triton.chunk_cumsum import chunk_cumsum_kernel
+    from gla_ref.triton.chunk.cumsum import chunk_cumsum_kernel
 
     slow = []
     for cls in (Autotuner, JITFunction):

@@ -1,4 +1,4 @@
-"""Device helpers of ``gla_ref.triton._tiles`` that a kernel's float64 comparison covers only in passing: the
+"""Device helpers of ``gla_ref.triton.common.tiles`` that a kernel's float64 comparison covers only in passing: the
 reverse cumulative sum as a matmul, and the block barrier around it (Triton's interpreter on a CPU, the compiled
 kernel with the PTX barrier on a GPU)."""
 
@@ -10,7 +10,7 @@ import torch
 import gla_ref.triton  # noqa: F401  (picks the interpreter on a CPU before any kernel below is defined)
 import triton
 import triton.language as tl
-from gla_ref.triton._tiles import reverse_cumsum, reverse_cumsum_dot, synced
+from gla_ref.triton.common.tiles import reverse_cumsum, reverse_cumsum_dot, synced
 
 
 @triton.jit

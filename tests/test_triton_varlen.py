@@ -22,11 +22,12 @@ from gla_ref.testing import as_torch, assert_close, random_inputs
 from gla_ref.torch_ref import chunk_gla as chunk_ref
 from gla_ref.torch_ref import recurrent_gla
 from gla_ref.triton import chunk as chunk_module
-from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla, fused_recurrent_gla, historical
+from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla, fused_recurrent_gla
+from gla_ref.teaching import historical
 from gla_ref.triton import chunk_simple as simple_module
 from gla_ref.triton import fused_chunk as fused_chunk_module
 from gla_ref.triton import fused_recurrent as fused_recurrent_module
-from gla_ref.triton._common import prepare_packed
+from gla_ref.triton.common.host import prepare_packed
 from triton_cases import forbid_launch, grads
 
 CUDA = torch.cuda.is_available()

@@ -8,7 +8,7 @@ def torch_chunk_parts(q, k, v, g, chunk_size=64, sub_chunk_size=16):
     them apart: ``(parts, combine)``, with ``parts["inter"]()`` the state recurrence and ``Q S``
     (``o_inter``) and ``parts["intra"]()`` the within-chunk product ``(P ⊙ M) V`` (``o_intra``), each a
     call without arguments on inputs prepared once; ``combine(o_inter, o_intra)`` gives ``o``."""
-    from gla_ref import torch_ref as R
+    from gla_ref.reference import torch as R
 
     R._check_sub_chunk_size(chunk_size, sub_chunk_size)
     (q_, k_, v_, g_, h0, scale), _ = R._checked(q, k, v, g, None, None)
@@ -26,11 +26,11 @@ def triton_chunk_stages(q, k, v, g, chunk_size=64) -> dict:
     computed once here, to time them apart: ``cumsum``, ``state``, ``intra``, ``output`` (the keys of
     :func:`chunk_gla_stage_costs`). ``output()`` is chunk_gla's o. Chunk sizes as chunk_gla accepts."""
     from gla_ref._validate import check_scale
-    from gla_ref.triton._common import check_chunk_size, prepare
-    from gla_ref.triton.chunk_cumsum import chunk_gates_and_operands
-    from gla_ref.triton.chunk_intra import chunk_intra_attention
-    from gla_ref.triton.chunk_output import chunk_output
-    from gla_ref.triton.chunk_state import chunk_state_fwd
+    from gla_ref.triton.common.host import check_chunk_size, prepare
+    from gla_ref.triton.chunk.cumsum import chunk_gates_and_operands
+    from gla_ref.triton.chunk.intra import chunk_intra_attention
+    from gla_ref.triton.chunk.output import chunk_output
+    from gla_ref.triton.chunk.state import chunk_state_fwd
 
     dims = prepare(q, k, v, g, None, gate_ranks=(4,))
     check_chunk_size(chunk_size)

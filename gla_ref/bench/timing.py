@@ -74,10 +74,10 @@ def _fla_version():
 def _ptxas_in_effect(capability):
     """The ptxas that assembles the Triton kernels on this GPU (None where Triton is not installed)."""
     try:
-        from gla_ref.triton import _ptxas
+        from gla_ref.triton.common import ptxas
     except ImportError:
         return None
-    return _ptxas.in_effect(capability)
+    return ptxas.in_effect(capability)
 
 
 def time_cuda(fn, *, warmup=25, rep=100, grad_to_none=None) -> dict:

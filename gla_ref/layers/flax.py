@@ -1,7 +1,7 @@
 """GLA layers in Flax NNX: the same two layers as :mod:`gla_ref.layers.torch`, weight for weight.
 
 * :class:`GatedLinearAttention` — the GLA paper's layer (§4.4); ``backend`` ``"reference"``
-  (:func:`gla_ref.jax_ref.chunk_gla`), ``"chunk"`` or ``"fused_chunk"`` (the Pallas kernels of
+  (:func:`gla_ref.reference.jax.chunk_gla`), ``"chunk"`` or ``"fused_chunk"`` (the Pallas kernels of
   :mod:`gla_ref.pallas`; there is no Pallas recurrent kernel, so no ``"fused_recurrent"``).
 * :class:`SimpleGatedLinearAttention` — the Pallas RFC's layer; ``"reference"`` or ``"chunk"``
   (:func:`gla_ref.pallas.chunk_simple_gla` with ``g_gamma``).
@@ -20,7 +20,7 @@ on q, k and v (:class:`ShortConvolution`, weights ``{q,k,v}_conv1d.weight`` ``[D
 
 Packed sequences: ``cu_seqlens``, FLA's offsets ``[N + 1]`` of N sequences packed into one row
 (B = 1; int64, or int32 as JAX makes it without x64), runs each sequence as if alone, with states
-``[N, H, K, V]``, on the ``"reference"`` backend (:mod:`gla_ref.jax_ref`). The offsets set shapes,
+``[N, H, K, V]``, on the ``"reference"`` backend (:mod:`gla_ref.reference.jax`). The offsets set shapes,
 so they must be concrete (close over them in a ``jit``). The Pallas kernels take no packed batch
 yet: a Pallas backend given cu_seqlens raises a ValueError that says so.
 """
@@ -36,9 +36,9 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from gla_ref import jax_ref
+from gla_ref.reference import jax as jax_ref
 from gla_ref._validate import check_cu_seqlens, packed_layout
-from gla_ref.gates import build_slope_tensor, retnet_log_gammas, slopes_to_g_gamma
+from gla_ref.reference.gates import build_slope_tensor, retnet_log_gammas, slopes_to_g_gamma
 from gla_ref.layers import config
 from gla_ref.layers.config import ShortConvState
 

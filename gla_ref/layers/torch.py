@@ -8,7 +8,7 @@
   ``"linear"``, or ``"simple"`` (the RFC layer).
 
 Every layer has ``forward(x, initial_state=None, output_final_state=False) -> (y, state)`` over a
-whole sequence (a chunkwise form: ``backend`` picks :func:`gla_ref.torch_ref.chunk_gla` or a
+whole sequence (a chunkwise form: ``backend`` picks :func:`gla_ref.reference.torch.chunk_gla` or a
 :mod:`gla_ref.triton` kernel) and ``step(x_t, state) -> (y_t, state)`` for one token, which applies
 the closed-form update ``S ← Diag(α_t) S + k_tᵀ v_t``, ``o_t = scale · q_t S`` in PyTorch directly
 (no kernel launch for a [K, V] rank-one update). Prefill with ``forward``, then decode with ``step``.
@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gla_ref import torch_ref
-from gla_ref.gates import build_slope_tensor, retnet_log_gammas, slopes_to_g_gamma
+from gla_ref.reference import torch as torch_ref
+from gla_ref.reference.gates import build_slope_tensor, retnet_log_gammas, slopes_to_g_gamma
 from gla_ref.layers import config
 from gla_ref.layers.config import ShortConvState
 from gla_ref.layers.short_conv import ShortConvolution
@@ -53,7 +53,7 @@ MIXERS = {"gla": "gla", "scalar": "scalar", "retnet": "const", "const": "const",
 
 
 REFERENCE_CHUNK_SIZE = 16
-"""Chunk size of the ``"reference"`` backend (:func:`gla_ref.torch_ref.chunk_gla`). Its intra-chunk part
+"""Chunk size of the ``"reference"`` backend (:func:`gla_ref.reference.torch.chunk_gla`). Its intra-chunk part
 builds a ``[C, C, K]`` log-space tensor per chunk, so on a CPU C = 16 trains a small model about six
 times faster than C = 64 (same function, other rounding)."""
 
@@ -220,7 +220,7 @@ class GatedLinearAttention(_TokenMixer):
     ``gate`` swaps the forget gate, keeping the rest: ``"gla"`` (above), ``"scalar"`` (one α per head
     and token: ``gk_proj.1`` maps r → H), ``"const"`` (RetNet's fixed γ_h = 1 − 2^(−5−h), a buffer
     ``g_gamma``), ``"none"`` (linear attention). ``backend``: ``"reference"``
-    (:func:`gla_ref.torch_ref.chunk_gla`) or a Triton kernel, ``"chunk"``, ``"fused_chunk"``,
+    (:func:`gla_ref.reference.torch.chunk_gla`) or a Triton kernel, ``"chunk"``, ``"fused_chunk"``,
     ``"fused_recurrent"`` (for gates other than ``"gla"`` it gets the gate expanded to [B, T, H, K]).
     ``use_short_conv`` puts FLA's short convolution (:class:`ShortConvolution`, width ``conv_size``)
     with SiLU on q, k and v after their projections, parameters ``q_conv1d.weight``,
@@ -314,7 +314,7 @@ class SimpleGatedLinearAttention(_TokenMixer):
         S_t^h = γ_h S_{t−1}^h + k_t^hᵀ v_t^h,   o_t^h = scale · q_t^h S_t^h,   log γ_h = g_gamma[h]
         y_t = (GroupRMSNorm(concat_h o_t^h) ⊙ sigmoid(x_t W_g)) W_dense
 
-    ``g_gamma = −decay_scale · m_h`` with m_h the ALiBi slopes (:func:`gla_ref.gates.build_slope_tensor`)
+    ``g_gamma = −decay_scale · m_h`` with m_h the ALiBi slopes (:func:`gla_ref.reference.gates.build_slope_tensor`)
     and ``decay_scale = 1 − layer_idx/(num_layers − 1) + 1e−5`` (:func:`config.decay_scale`): a fixed
     buffer, not a parameter. K = V = head_dim (default d/H), d_i = H·head_dim. Parameters (names as in
     the RFC's layer): ``query_key_value`` [3·d_i, d], ``g_proj`` [d_i, d], ``dense`` [d, d_i],
@@ -322,7 +322,7 @@ class SimpleGatedLinearAttention(_TokenMixer):
     ``query_layernorm.weight``, ``key_layernorm.weight`` [head_dim] with ``use_qk_norm``;
     ``5·d·d_i + d_i (+ 2·head_dim)`` in all (:func:`config.simple_num_params`). The RFC's rotary
     embedding of q and k is left out: positions reach this layer only through the decay.
-    ``backend``: ``"reference"`` (:func:`gla_ref.torch_ref.chunk_gla` with g of shape [H]) or
+    ``backend``: ``"reference"`` (:func:`gla_ref.reference.torch.chunk_gla` with g of shape [H]) or
     ``"chunk"`` (:func:`gla_ref.triton.chunk_simple_gla` with ``g_gamma``).
     """
 

@@ -39,7 +39,10 @@ from gla_ref._validate import MAX_K, MAX_V  # noqa: F401 (the limits every kerne
 from gla_ref._validate import check_chunk_sizes, check_flag, check_gate_values, check_inputs, check_scale, dtype_name
 from gla_ref._validate import check_head_dims as _check_head_dims
 from gla_ref._validate import invalid_gates_to_nan
-from gla_ref.pallas import _compat, chunk_math, gpu, mosaic_gpu, mosaic_gpu_gates, tpu
+from gla_ref.pallas import chunk_math
+from gla_ref.pallas import compat
+from gla_ref.pallas.launchers import gpu, mosaic_gpu, tpu
+from gla_ref.pallas.launchers.mosaic_gpu import gates as mosaic_gpu_gates
 
 __all__ = ["chunk_gla"]
 
@@ -50,7 +53,7 @@ HIGHEST = Precision.HIGHEST
 
 class Plan(NamedTuple):
     """Static choices of one call: which launcher, interpreted or not, and the algorithm."""
-    launcher: Any  # the module gla_ref.pallas.tpu, .gpu or .mosaic_gpu
+    launcher: Any  # the module gla_ref.pallas.launchers.tpu, .gpu or .mosaic_gpu
     interpret: Any  # False, True, a pltpu.InterpretParams or a Mosaic GPU interpreter's params
     chunk: int
     scale: float
@@ -121,12 +124,12 @@ def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final, dtype=
     if launcher is None:
         launcher = "tpu" if platform == "tpu" else "gpu"
         if (launcher == "gpu" and dtype is not None and not scalar_gate
-                and mosaic_gpu.supported(dtype, K, chunk, fused) and _compat.mosaic_gpu_runs_here()):
+                and mosaic_gpu.supported(dtype, K, chunk, fused) and compat.mosaic_gpu_runs_here()):
             launcher = "mosaic_gpu"
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be None, 'tpu', 'gpu' or 'mosaic_gpu', got {launcher!r}")
     if interpret is None:
-        interpret = not _compat.mosaic_gpu_runs_here() if launcher == "mosaic_gpu" else platform != launcher
+        interpret = not compat.mosaic_gpu_runs_here() if launcher == "mosaic_gpu" else platform != launcher
     scale = float(K ** -0.5 if scale is None else scale)
     return Plan(LAUNCHERS[launcher], interpret, chunk, scale, fused, want_final)
 
@@ -192,7 +195,7 @@ def _sums_by_scan(launcher) -> bool:
 
 
 MOSAIC_GPU_GATE_SUMS = {mosaic_gpu: mosaic_gpu_gates.gate_sums}
-"""The Mosaic GPU launcher's gate-sum kernel, :func:`gla_ref.pallas.mosaic_gpu_gates.gate_sums`, as an entry of
+"""The Mosaic GPU launcher's gate-sum kernel, :func:`gla_ref.pallas.launchers.mosaic_gpu.gates.gate_sums`, as an entry of
 :data:`GATE_SUM_KERNELS`."""
 GATE_SUM_KERNELS: dict = dict(MOSAIC_GPU_GATE_SUMS)
 """Launchers that sum a per-key gate in a kernel of their own, reading ``g`` in the API's ``[B, T, H, K]``
@@ -228,7 +231,7 @@ def _local_cumsum(g, plan):
     :mod:`gla_ref._validate`) becomes NaN here: inside the gate-sum kernel, or an elementwise select on g, which
     XLA can fuse with the copy that lays g out for the kernels (no extra pass over g under jit). The sums then
     carry that NaN to every row of its chunk (:func:`_triangular_sum`,
-    :mod:`gla_ref.pallas.mosaic_gpu_gates`), and the state carries it to every later chunk: o from the bad
+    :mod:`gla_ref.pallas.launchers.mosaic_gpu.gates`), and the state carries it to every later chunk: o from the bad
     token's chunk on, the final state and the gradients are NaN, never a finite wrong answer (jit cannot
     check values).
     """
@@ -279,7 +282,7 @@ def _forward(plan: Plan, q, k, v, b, h0):
 
 def output_states(launcher, dtype) -> dict:
     """The forward's state kernel's keywords for the states only its output kernel reads: the Mosaic GPU launcher
-    writes them in the input ``dtype`` (:func:`gla_ref.pallas.mosaic_gpu.state_fwd`: its output kernel rounds them
+    writes them in the input ``dtype`` (:func:`gla_ref.pallas.launchers.mosaic_gpu.state_fwd`: its output kernel rounds them
     to that dtype anyway, so o is unchanged and the states' bytes halve in bf16); the others keep float32. The
     backward recomputes the states in float32 on every launcher."""
     return {"states_dtype": dtype} if launcher is mosaic_gpu else {}
@@ -371,7 +374,7 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
         output_final_state: also return the final ``[B, H, K, V]`` float32 state.
         chunk_size: a power of two ≥ 16 (sub-chunks are 16 tokens).
         launcher: ``"tpu"`` (Mosaic), ``"gpu"`` (Triton backend) or ``"mosaic_gpu"`` (Hopper, bfloat16,
-            chunk 64, K ≤ 128: Mosaic GPU kernels, :mod:`gla_ref.pallas.mosaic_gpu`); default: ``"tpu"`` on a
+            chunk 64, K ≤ 128: Mosaic GPU kernels, :mod:`gla_ref.pallas.launchers.mosaic_gpu`); default: ``"tpu"`` on a
             TPU, ``"mosaic_gpu"`` on a Hopper GPU where it takes the call, else ``"gpu"`` (:func:`make_plan`).
         interpret: run in Pallas' interpreter (True, or a ``pltpu.InterpretParams`` for the TPU
             launcher, a Mosaic GPU ``InterpretGPUParams`` for ``"mosaic_gpu"``); default: only when

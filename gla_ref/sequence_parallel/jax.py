@@ -3,7 +3,7 @@
 Each device d of mesh axis ``axis`` holds the slice ``[d·T/P, (d+1)·T/P)`` of q, k, v, g (P devices
 on that axis; other mesh axes may split B and H). Three steps, all inside one ``shard_map``:
 
-1. **Local, from zero** (no communication): :func:`gla_ref.jax_ref.chunk_gla` on the slice with a
+1. **Local, from zero** (no communication): :func:`gla_ref.reference.jax.chunk_gla` on the slice with a
    zero initial state gives ``o_zero`` and the slice's own state ``S_zero`` ``[B, H, K, V]``; the
    cumulative log-gate from the slice start, ``b`` ``[B, T/P, H, K]``, gives the slice's total
    log-decay ``b_last = b[:, -1]`` (the slice's ``log γ``).
@@ -41,7 +41,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from gla_ref import jax_ref
+from gla_ref.reference import jax as jax_ref
 from gla_ref._validate import check_chunk_sizes, check_flag, check_inputs, check_scale
 
 try:  # public since jax 0.7; this module supports jax 0.10-0.12

@@ -16,7 +16,7 @@ rank starts from the final state's gradient), sends ``dS_in = diag(exp b_last) d
 scale · (q ⊙ exp b)ᵀ do`` to rank r−1 at once (rank 0 keeps it as the gradient of
 ``initial_state``), and only then backpropagates through its local pieces, recomputed under
 autograd (activation recomputation: the forward saves its inputs and ``S_in`` only). On CPU the
-local pieces come from :func:`gla_ref.torch_ref.chunk_gla`, on CUDA from
+local pieces come from :func:`gla_ref.reference.torch.chunk_gla`, on CUDA from
 :func:`gla_ref.triton.chunk_gla` with an NCCL group (a path the CPU tests do not run).
 
 **Communication.** A sequential chain of send/recv: one message per hop, the ``[B, H, K, V]``
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gla_ref import torch_ref
+from gla_ref.reference import torch as torch_ref
 from gla_ref._validate import (FLOAT_DTYPES, check_chunk_sizes, check_flag, check_inputs, check_scale,
                               dtype_name)
 
@@ -191,7 +191,7 @@ def _check_local(q, k, v, g, h0, scale, chunk_size, output_final_state, rank):
 def _check_triton(q, k, v, g, h0, chunk_size):
     """The Triton kernel's own limits (K ≤ 256, V ≤ 4096, no float64, chunk size 16/32/64, one device;
     values only under ``gla_ref.device.debug``), checked before the chain starts."""
-    from gla_ref.triton._common import check_chunk_size, prepare
+    from gla_ref.triton.common.host import check_chunk_size, prepare
 
     prepare(q, k, v, g, h0, gate_ranks=(None, 1, 3, 4))
     check_chunk_size(chunk_size)

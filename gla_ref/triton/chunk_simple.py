@@ -37,7 +37,7 @@ from torch.autograd.function import once_differentiable
 
 from gla_ref import device
 from gla_ref._validate import check_flag, check_scale
-from gla_ref.triton._common import (
+from gla_ref.triton.common.host import (
     autotune,
     autotune_configs,
     block,
@@ -50,8 +50,8 @@ from gla_ref.triton._common import (
     refuse_interpreted_bf16,
     varlen_args,
 )
-from gla_ref.triton._gates import invalid_to_nan
-from gla_ref.triton._tiles import (
+from gla_ref.triton.common.gates import invalid_to_nan
+from gla_ref.triton.common.tiles import (
     block_range,
     chunk_state_offset,
     chunk_tokens,
@@ -63,8 +63,8 @@ from gla_ref.triton._tiles import (
     token_base,
     token_bases,
 )
-from gla_ref.triton.chunk_cumsum import chunk_local_cumsum
-from gla_ref.triton.chunk_state import (
+from gla_ref.triton.chunk.cumsum import chunk_local_cumsum
+from gla_ref.triton.chunk.state import (
     _precision,
     chunk_state_bwd,
     chunk_state_fwd,

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from gla_ref._validate import check_flag, check_scale
-from gla_ref.triton._common import (
+from gla_ref.triton.common.host import (
     autotune,
     autotune_configs,
     block,
@@ -41,8 +41,8 @@ from gla_ref.triton._common import (
     prepare_packed,
     stateful_function,
 )
-from gla_ref.triton._gates import valid_gate
-from gla_ref.triton._tiles import sequence_tokens, token_bases
+from gla_ref.triton.common.gates import valid_gate
+from gla_ref.triton.common.tiles import sequence_tokens, token_bases
 
 __all__ = ["fused_recurrent_gla"]
 

@@ -1,0 +1,1 @@
+"""Figures: the chapters' plots, the kernel drawings and the sequence-parallel diagrams (Matplotlib only)."""
