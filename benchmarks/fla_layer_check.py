@@ -49,7 +49,7 @@ def compare(name, d, H, B, T, dtype):
     torch.manual_seed(0)
     fla = FLALayer(mode="chunk", hidden_size=d, num_heads=H).cuda()
     ours = GatedLinearAttention(d, num_heads=H, backend="chunk").cuda()
-    ours.load_fla_state_dict(fla.state_dict())
+    ours.load_fla_state_dict(fla)
     ref = copy.deepcopy(ours).double()
     ref._kernel = None  # the float64 torch_ref path, same weights
     fla, ours = fla.to(dtype), ours.to(dtype)

@@ -1,6 +1,7 @@
 """GLA layers in Flax NNX: the same two layers as :mod:`gla_ref.layers.torch`, weight for weight.
 
-* :class:`GatedLinearAttention` — the GLA paper's layer (§4.4); ``backend`` ``"reference"``
+* :class:`GatedLinearAttention` — the GLA paper's layer (§4.4); ``backend`` ``"auto"`` (the default: the
+  Pallas ``"chunk"`` kernel for an array on a GPU or TPU, the reference on a CPU, decided at each call), ``"reference"``
   (:func:`gla_ref.reference.jax.chunk_gla`), ``"chunk"`` or ``"fused_chunk"`` (the Pallas kernels of
   :mod:`gla_ref.pallas`; there is no Pallas recurrent kernel, so no ``"fused_recurrent"``).
 * :class:`SimpleGatedLinearAttention` — the Pallas RFC's layer; ``"reference"`` or ``"chunk"``
@@ -44,7 +45,7 @@ from gla_ref.layers.config import ShortConvState
 
 __all__ = ["GatedLinearAttention", "SimpleGatedLinearAttention", "GroupRMSNorm", "NormSwishGate", "RMSNorm",
            "Linear", "Buffer", "ShortConvolution", "ShortConvState", "state_dict", "recurrent_step",
-           "causal_conv1d"]
+           "causal_conv1d", "resolve_backend"]
 
 KERNELS = {"chunk": "chunk_gla", "fused_chunk": "fused_chunk_gla"}
 """Backend name → :mod:`gla_ref.pallas` function."""
@@ -59,6 +60,18 @@ class Buffer(nnx.Variable):
 def _pallas(name):
     """A :mod:`gla_ref.pallas` function, imported on first use."""
     return getattr(importlib.import_module("gla_ref.pallas"), name)
+
+
+def resolve_backend(backend, x):
+    """The backend a call runs: an explicit one as it is; ``"auto"``: ``"chunk"`` when x lives on a GPU or
+    TPU (under ``jit``, where x has no device yet, when JAX's default backend is one), else ``"reference"``."""
+    if backend != "auto":
+        return backend
+    try:
+        platform = next(iter(x.devices())).platform
+    except Exception:  # a tracer, or a NumPy array
+        platform = jax.default_backend()
+    return "reference" if platform == "cpu" else "chunk"
 
 
 def recurrent_step(q, k, v, g, S, scale):
@@ -237,7 +250,7 @@ class _TokenMixer(config.ShortConvStateRules, nnx.Module):
         ValueError saying so. A bad cu_seqlens is a ValueError or TypeError naming it.
         """
         _check_array("x", x, "[B, T, d]", 3, self.dims[0], self._dtype())
-        kernel = self._kernel_name()
+        kernel = self._kernel_name(x)
         if cu_seqlens is not None and kernel is not None and \
                 "cu_seqlens" not in inspect.signature(_pallas(kernel)).parameters:
             raise ValueError(f"cu_seqlens (a packed batch) is not supported by backend={self.sizes.backend!r}: "
@@ -299,7 +312,7 @@ class GatedLinearAttention(_TokenMixer):
     initialises the weights."""
 
     def __init__(self, hidden_size, num_heads=4, expand_k=0.5, expand_v=1.0, gate_low_rank_dim=16,
-                 gate_logit_normalizer=16, norm="rms", backend="chunk", *, gate="gla", norm_eps=1e-5,
+                 gate_logit_normalizer=16, norm="rms", backend="auto", *, gate="gla", norm_eps=1e-5,
                  use_short_conv=False, conv_size=4, rngs):
         s = self.sizes = config.gla_sizes(hidden_size, num_heads, expand_k, expand_v, gate_low_rank_dim,
                                           gate_logit_normalizer, norm, gate, norm_eps, backend,
@@ -346,16 +359,18 @@ class GatedLinearAttention(_TokenMixer):
         (q2, cq), (k2, ck), (v2, cv) = out
         return q2.reshape(q.shape), k2.reshape(k.shape), v2.reshape(v.shape), (cq, ck, cv)
 
-    def _kernel_name(self):
-        """The name of the backend's :mod:`gla_ref.pallas` function, or None for ``"reference"``."""
-        return None if self.sizes.backend == "reference" else KERNELS[self.sizes.backend]
+    def _kernel_name(self, x=None):
+        """The name of the :mod:`gla_ref.pallas` function a call on x runs, or None for the reference."""
+        backend = resolve_backend(self.sizes.backend, x)
+        return None if backend == "reference" else KERNELS[backend]
 
     def _mix(self, q, k, v, g, **kw):
-        if self.sizes.backend == "reference":
+        kernel = self._kernel_name(q)
+        if kernel is None:
             return jax_ref.chunk_gla(q, k, v, g, **kw)
         if g is None or g.ndim != 4:
             g = jax_ref.expand_gate(g, *q.shape)
-        return _pallas(self._kernel_name())(q, k, v, g, **kw)
+        return _pallas(kernel)(q, k, v, g, **kw)
 
     def _out(self, x, o):
         s = self.sizes
@@ -368,7 +383,7 @@ class SimpleGatedLinearAttention(_TokenMixer):
     (same equations, names, shapes and decay). ``rngs`` initialises the weights."""
 
     def __init__(self, hidden_size, num_heads=4, head_dim=None, group_norm_size=1, use_qk_norm=False,
-                 layer_idx=0, num_layers=1, backend="chunk", norm_eps=1e-5, *, rngs):
+                 layer_idx=0, num_layers=1, backend="auto", norm_eps=1e-5, *, rngs):
         s = self.sizes = config.simple_sizes(hidden_size, num_heads, head_dim, group_norm_size, use_qk_norm,
                                              layer_idx, num_layers, norm_eps, backend)
         self.dims = (s.d, s.H, s.D, s.D)
@@ -390,14 +405,15 @@ class SimpleGatedLinearAttention(_TokenMixer):
             q, k = self.query_layernorm(q), self.key_layernorm(k)
         return q, k, v, self.g_gamma[...]
 
-    def _kernel_name(self):
-        """The name of the backend's :mod:`gla_ref.pallas` function, or None for ``"reference"``."""
-        return None if self.sizes.backend == "reference" else "chunk_simple_gla"
+    def _kernel_name(self, x=None):
+        """The name of the :mod:`gla_ref.pallas` function a call on x runs, or None for the reference."""
+        return None if resolve_backend(self.sizes.backend, x) == "reference" else "chunk_simple_gla"
 
     def _mix(self, q, k, v, g, **kw):
-        if self.sizes.backend == "reference":
+        kernel = self._kernel_name(q)
+        if kernel is None:
             return jax_ref.chunk_gla(q, k, v, g, **kw)
-        return _pallas(self._kernel_name())(q, k, v, g_gamma=g, **kw)
+        return _pallas(kernel)(q, k, v, g_gamma=g, **kw)
 
     def _out(self, x, o):
         o = self.g_norm(o.reshape(*o.shape[:-2], -1))

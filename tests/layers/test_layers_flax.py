@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import inspect
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-from flax import nnx
 
-from gla_ref import pallas
-from gla_ref.layers import config
-from gla_ref.layers import flax as lf
-from gla_ref.layers import torch as lt
-from gla_ref.testing import assert_close
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+pytest.importorskip("flax")
+
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from gla_ref import pallas  # noqa: E402
+from gla_ref.layers import config  # noqa: E402
+from gla_ref.layers import flax as lf  # noqa: E402
+from gla_ref.layers import torch as lt  # noqa: E402
+from gla_ref.testing import assert_close  # noqa: E402
 
 D, H, B, T = 32, 2, 2, 19
 TOL = 1e-5  # relative RMSE, float32 in both frameworks (seen: ~4e-7)
@@ -213,7 +217,7 @@ def test_packed_sequences_equal_each_sequence_alone(variant):
     """cu_seqlens on the reference backend, under nnx.jit with the offsets closed over: y, the final
     states and the gradients of every parameter and of the initial states equal those of the sequences
     run one by one (B = 1 each). Every variant, forward: packed against PyTorch's packed layer below
-    (which tests/test_layers_torch.py checks against each sequence alone)."""
+    (which tests/layers/test_layers_torch.py checks against each sequence alone)."""
     _, layer = _flax_from_torch(variant)
     xs, h0, cot_y, cot_S = _packed_inputs(layer)
 

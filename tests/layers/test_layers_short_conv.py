@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from gla_ref.layers import config
-from gla_ref.layers.config import ShortConvState
-from gla_ref.layers.short_conv import ShortConvolution, causal_conv1d
-from gla_ref.layers.torch import GLALM, GatedLinearAttention
-from gla_ref.testing import assert_close
+torch = pytest.importorskip("torch")
+
+from gla_ref.layers import config  # noqa: E402
+from gla_ref.layers.config import ShortConvState  # noqa: E402
+from gla_ref.layers.short_conv import ShortConvolution, causal_conv1d  # noqa: E402
+from gla_ref.layers.torch import GLALM, GatedLinearAttention  # noqa: E402
+from gla_ref.testing import assert_close  # noqa: E402
 
 D, H, T = 32, 2, 13
 TOL = 1e-5
@@ -189,15 +190,19 @@ def test_fla_state_dict_with_short_conv_loads():
     torch.manual_seed(1)
     fla = {n: torch.randn(p.shape) for n, p in _layer().state_dict().items()}
     fla["g_norm_swish_gate.weight"] = fla.pop("g_norm.weight")
-    layer = _layer(seed=2)
-    layer.load_fla_state_dict(fla)
+    layer, settings = _layer(seed=2), dict(hidden_size=D, num_heads=H, use_short_conv=True)
+    layer.load_fla_state_dict(fla, settings=settings)
     assert torch.equal(layer.v_conv1d.weight, fla["v_conv1d.weight"])
     plain = GatedLinearAttention(D, H, backend="reference")
+    with pytest.raises(ValueError, match="use_short_conv=True but this layer has use_short_conv=False"):
+        plain.load_fla_state_dict(fla, settings=settings)
     with pytest.raises(ValueError, match=r"unexpected \['k_conv1d.weight', 'q_conv1d.weight', 'v_conv1d.weight'\]"):
-        plain.load_fla_state_dict(fla)
+        plain.load_fla_state_dict(fla, settings=dict(hidden_size=D, num_heads=H))  # settings that lie
+    with pytest.raises(ValueError, match="conv_size=3 but this layer has conv_size=4"):
+        layer.load_fla_state_dict(fla, settings={**settings, "conv_size": 3})
     fla["q_conv1d.weight"] = torch.zeros(16, 1, 3)  # FLA's conv_size = 3 into a layer of width 4
     with pytest.raises(ValueError, match=r"state_dict\['q_conv1d.weight'\] must have shape \(16, 1, 4\)"):
-        layer.load_fla_state_dict(fla)
+        layer.load_fla_state_dict(fla, settings=settings)
 
 
 @pytest.mark.parametrize("kw, error, match", [
@@ -214,6 +219,7 @@ def test_bad_conv_arguments(kw, error, match):
 @pytest.mark.parametrize("gate", ["gla"])
 def test_flax_same_weights_same_function_as_pytorch(gate):
     jnp = pytest.importorskip("jax.numpy")
+    pytest.importorskip("flax")
     from gla_ref.layers import flax as lf
 
     tl = _layer(gate=gate)
@@ -243,7 +249,7 @@ def test_flax_same_weights_same_function_as_pytorch(gate):
 
 def test_flax_gradients_reach_the_conv_weights():
     jax = pytest.importorskip("jax")
-    from flax import nnx
+    nnx = pytest.importorskip("flax.nnx")
 
     from gla_ref.layers import flax as lf
 

@@ -13,14 +13,15 @@ import sys
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
-from gla_ref.layers import config
-from gla_ref.layers.torch import (MIXERS, GatedLinearAttention, GLABlock, GLALM, GroupRMSNorm,
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+from gla_ref.layers import config  # noqa: E402
+from gla_ref.layers.torch import (MIXERS, GatedLinearAttention, GLABlock, GLALM, GroupRMSNorm,  # noqa: E402
                                   SimpleGatedLinearAttention)
-from gla_ref.testing import assert_close
-from recurrence64 import recurrence64
+from gla_ref.testing import assert_close, recurrence64  # noqa: E402
 
 D, H, B, T = 32, 2, 2, 19
 TOL = 1e-5  # relative RMSE, float32 against float32 (seen: ~3e-7 for outputs, ~1e-6 for gradients)
@@ -215,9 +216,12 @@ def _fla_forward64(sd, x):
     return (o * r / (1 + np.exp(-r))).reshape(B, -1, 32) @ w["o_proj.weight"].T
 
 
+FLA_ARGS = dict(hidden_size=32, num_heads=2)  # the FLA layer _fla_state_dict stands for
+
+
 def test_fla_state_dict_loads_and_computes_flas_layer():
     sd, layer, x = _fla_state_dict(), GatedLinearAttention(32, 2, backend="reference"), _x()
-    layer.load_fla_state_dict(sd)
+    layer.load_fla_state_dict(sd, settings=FLA_ARGS)
     fla_name = {ours: theirs for theirs, ours in config.FLA_RENAMES.items()}
     for name, p in layer.state_dict().items():
         assert torch.equal(p, sd[fla_name.get(name, name)]), name
@@ -230,7 +234,7 @@ def test_fla_state_dict_unfused_norm_name_loads():
     sd = _fla_state_dict()
     sd["g_norm.weight"] = sd.pop("g_norm_swish_gate.weight")
     layer = GatedLinearAttention(32, 2, backend="reference")
-    layer.load_fla_state_dict(sd)
+    layer.load_fla_state_dict(sd, settings={**FLA_ARGS, "fuse_norm": False})
     assert torch.equal(layer.g_norm.weight, sd["g_norm.weight"])
 
 
@@ -245,7 +249,7 @@ def test_fla_state_dict_mismatch_is_refused_before_loading(edit, match):
     before = {name: p.clone() for name, p in layer.state_dict().items()}
     edit(sd)
     with pytest.raises(ValueError, match=match):
-        layer.load_fla_state_dict(sd)
+        layer.load_fla_state_dict(sd, settings=FLA_ARGS)
     assert all(torch.equal(before[name], p) for name, p in layer.state_dict().items())
 
 
@@ -425,7 +429,9 @@ def test_packed_lm_states_are_one_per_sequence():
     (lambda: GatedLinearAttention(0), ValueError, "hidden_size must be a positive int"),
     (lambda: GatedLinearAttention(32, 3), ValueError, "key_dim = 16 .* multiple of num_heads = 3"),
     (lambda: GatedLinearAttention(32, 2, expand_k=0), ValueError, "expand_k"),
-    (lambda: GatedLinearAttention(32, 2, expand_v=0.01), ValueError, "value_dim = 0"),
+    (lambda: GatedLinearAttention(32, 2, expand_v=0.01), ValueError, "value_dim = hidden_size × expand_v = 0.32 must "
+                                                                     "be a whole number"),
+    (lambda: GatedLinearAttention(32, 2, expand_v=1 / 32), ValueError, "value_dim = 1 .* multiple of num_heads = 2"),
     (lambda: GatedLinearAttention(32, 2, gate_low_rank_dim=0), ValueError, "gate_low_rank_dim"),
     (lambda: GatedLinearAttention(32, 2, gate_logit_normalizer=-1), ValueError, "gate_logit_normalizer"),
     (lambda: GatedLinearAttention(32, 2, norm="batch"), ValueError, "norm must be one of"),
@@ -456,10 +462,14 @@ _LM = GLALM(50, D, num_layers=2, num_heads=H)
 
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda: _LAYER(torch.randn(B, T, D + 1)), ValueError, r"x must have shape \[B, T, d\] with d = 32"),
-    (lambda: _LAYER(torch.randn(B, D)), ValueError, r"x must have shape \[B, T, d\]"),
-    (lambda: _LAYER(torch.randn(B, T, D, dtype=torch.float64)), TypeError, "x must have the layer's dtype"),
-    (lambda: _LAYER(np.zeros((B, T, D), np.float32)), TypeError, "x must be a torch.Tensor"),
+    (lambda: _LAYER(torch.randn(B, T, D + 1)), ValueError, r"hidden_states must have shape \[B, T, d\] with d = 32"),
+    (lambda: _LAYER(torch.randn(B, D)), ValueError, r"hidden_states must have shape \[B, T, d\]"),
+    (lambda: _LAYER(torch.randn(B, T, D, dtype=torch.float64)), TypeError, "hidden_states must have the layer's dtype"),
+    (lambda: _LAYER(np.zeros((B, T, D), np.float32)), TypeError, "hidden_states must be a torch.Tensor"),
+    (lambda: _LAYER(torch.randn(B, T, D + 1), output_final_state=False), ValueError,
+     r"^x must have shape \[B, T, d\] with d = 32"),
+    (lambda: _LAYER(torch.randn(B, T, D, dtype=torch.float64), initial_state=None), TypeError,
+     "^x must have the layer's dtype"),
     (lambda: _LAYER(_x(), initial_state=torch.zeros(B, H, 8, 8)), ValueError, "initial_state must have shape"),
     (lambda: _LAYER.step(_x()), ValueError, r"x_t must have shape \[B, d\]"),
     (lambda: _LAYER.step(_x()[:, 0], torch.zeros(B, H, 16, 8)), ValueError, r"state must have shape \[B, H, K, V\]"),

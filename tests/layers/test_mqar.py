@@ -18,7 +18,7 @@ import pytest
 from gla_ref import bench
 from gla_ref.tasks import mqar
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TASK = dict(seq_len=64, num_pairs=8, vocab_size=64)
 
 
@@ -166,12 +166,11 @@ def test_smoke_script_writes_a_loadable_result(tmp_path):
 def test_sweep_script_starts_no_run_past_its_budget(monkeypatch):
     """The scheduler of mqar_sweep.py with a fake clock: each run takes 10 s; with a 25 s budget the
     third run would end past it (20 s spent + 10 s longest > 25), so two of five run."""
-    import importlib.util
     import types
 
-    spec = importlib.util.spec_from_file_location("mqar_sweep", ROOT / "benchmarks" / "mqar_sweep.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from gla_ref.testing.scripts import load_script
+
+    script = load_script("mqar_sweep")
     clock = {"now": 0.0}
     monkeypatch.setattr(script, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
     monkeypatch.setattr(script, "_init_worker", lambda threads: None)

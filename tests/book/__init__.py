@@ -1,0 +1,1 @@
+"""What the chapters show: the notebook runner, the plots and kernel drawings, the teaching helpers."""

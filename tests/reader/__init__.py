@@ -1,0 +1,1 @@
+"""The reader's test: the wheel installed into a fresh environment, the committed notebooks executed there."""

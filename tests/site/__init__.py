@@ -1,0 +1,1 @@
+"""The built book (make book-build), checked in a real browser."""
