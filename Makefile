@@ -40,14 +40,19 @@ JAX_LATEST_PY := $(JAX_LATEST_VENV)/bin/python
 JAX_LATEST_STAMP := $(JAX_LATEST_VENV)/.installed
 JAX_LATEST_SPEC ?= jax>=0.11
 # The test files that import only jax, numpy, matplotlib and gla_ref (every other file imports torch or Triton):
-#   test_jax_ref.py                  the four jax_ref forms against the float64 recurrence, gradients, x64
-#   test_pallas.py                   the Pallas kernels (interpreter) against jax_ref, gradients, gate rules
-#   test_pallas_first_kernel.py      chapter 5's first kernel, and its lowering for GPU
-#   test_pallas_mosaic_gpu.py        the Mosaic GPU launcher in jax's Mosaic GPU interpreter (jax-internal API)
-#   test_pallas_tpu_lowering.py      lowering for TPU (Mosaic) and GPU (Triton) without the device
-#   test_sequence_parallel_jax.py    shard_map over 8 CPU devices and the collectives of its compiled HLO
-JAX_LATEST_TESTS = tests/test_jax_ref.py tests/test_pallas.py tests/test_pallas_first_kernel.py \
-	tests/test_pallas_mosaic_gpu.py tests/test_pallas_tpu_lowering.py tests/test_sequence_parallel_jax.py
+#   reference/test_jax_ref.py                          the four jax_ref forms against the float64 recurrence,
+#                                                      gradients, x64
+#   pallas/test_pallas.py                              the Pallas kernels (interpreter) against jax_ref, gradients,
+#                                                      gate rules
+#   pallas/test_pallas_first_kernel.py                 chapter 5's first kernel, and its lowering for GPU
+#   pallas/test_pallas_mosaic_gpu.py                   the Mosaic GPU launcher in jax's Mosaic GPU interpreter
+#                                                      (jax-internal API)
+#   pallas/test_pallas_tpu_lowering.py                 lowering for TPU (Mosaic) and GPU (Triton) without the device
+#   sequence_parallel/test_sequence_parallel_jax.py    shard_map over 8 CPU devices and the collectives of its
+#                                                      compiled HLO
+JAX_LATEST_TESTS = tests/reference/test_jax_ref.py tests/pallas/test_pallas.py \
+	tests/pallas/test_pallas_first_kernel.py tests/pallas/test_pallas_mosaic_gpu.py \
+	tests/pallas/test_pallas_tpu_lowering.py tests/sequence_parallel/test_sequence_parallel_jax.py
 
 $(JAX_LATEST_STAMP): pyproject.toml
 	@py=; for c in $(or $(PYTHON_JAX_LATEST),$(JAX_LATEST_CANDIDATES)); do \
@@ -124,10 +129,13 @@ book-build: $(STAMP)
 site-check: $(STAMP) browser
 	$(PY) -m pytest tests/site -q
 
-# ---- make bench: GPU benchmarks (needs CUDA), results under benchmarks/results/
+# ---- make bench: the benchmark suites on one CUDA GPU (python -m gla_ref.bench list; benchmarks/README.md),
+# one file per suite under benchmarks/results/; run again to continue a suite cut short. varlen and
+# sequence_parallel (two GPUs) join once their suites replace the older scripts' files.
+BENCH_SUITES ?= headline paper long pallas
 bench: $(STAMP)
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make bench needs a CUDA GPU')"
-	@for s in benchmarks/bench_*.py; do echo "running $$s"; $(PY) $$s || exit 1; done
+	@for s in $(BENCH_SUITES); do echo "suite $$s"; $(PY) -m gla_ref.bench run $$s || exit 1; done
 
 clean:
 	rm -rf book/_build book/notebooks book/_vendor .pytest_cache

@@ -24,7 +24,7 @@ def two_level_flop_split(T, C, c, K, V):
     (= ``intra_sub_chunk``) and ``half_fraction`` = half / (half + full). ``c = C`` is the one-level
     log-space form (``chunk_gla``): the whole intra-chunk P in full precision.
     """
-    _positive_ints(T=T, C=C, c=c, K=K, V=V)
+    check_positive_ints(T=T, C=C, c=c, K=K, V=V)
     if C % c:
         raise ValueError(f"c={c} must divide C={C}")
     N, n = -(-T // C), C // c
@@ -49,7 +49,9 @@ def two_level_flop_split(T, C, c, K, V):
 # and additions of states are lower order). K = V = d, the head dimension.
 
 
-def _positive_ints(**sizes):
+def check_positive_ints(**sizes):
+    """Each keyword's value is a positive Python int (not a bool), else a ValueError naming the keyword:
+    the sizes every cost model and timer takes (``B=..., T=..., K=...``)."""
     for name, n in sizes.items():
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{name} must be a positive int, got {n!r}")
@@ -58,14 +60,14 @@ def _positive_ints(**sizes):
 def flops_attention(T, d):
     """Parallel (softmax or linear) attention, O(T²d): ``QKᵀ`` is 2·T·T·d, the ``T×T`` weights
     times V another 2·T·T·d, so 4·T²·d. Dense: the causal mask does not remove work here."""
-    _positive_ints(T=T, d=d)
+    check_positive_ints(T=T, d=d)
     return 4 * T * T * d
 
 
 def flops_linear_recurrent(T, d):
     """The recurrent form of linear attention, O(Td²): per token ``S += k_tᵀ v_t`` (2·d²) and
     ``o_t = q_t S_t`` (2·d²), so 4·T·d². The reassociated ``Q(KᵀV)`` costs the same."""
-    _positive_ints(T=T, d=d)
+    check_positive_ints(T=T, d=d)
     return 4 * T * d * d
 
 
@@ -74,7 +76,7 @@ def flops_chunkwise(T, C, d):
     ``Q S`` plus the state update ``Kᵀ V`` is 4·C·d². With N = ⌈T/C⌉ chunks (the last one padded
     to C, as kernels do) the total is N·(4C²d + 4Cd²) = 4TCd + 4Td² when C divides T.
     C = T is the parallel form plus the state; C = 1 the recurrent form plus the 1×1 "attention"."""
-    _positive_ints(T=T, C=C, d=d)
+    check_positive_ints(T=T, C=C, d=d)
     N = -(-T // C)
     return N * (4 * C * C * d + 4 * C * d * d)
 
@@ -82,14 +84,14 @@ def flops_chunkwise(T, C, d):
 def kv_cache_bytes(T, H, d, dtype_bytes=2):
     """Bytes of a softmax-attention KV cache after T tokens: keys and values, each ``[T, H, d]``,
     per sequence and layer. Grows linearly with T."""
-    _positive_ints(T=T, H=H, d=d, dtype_bytes=dtype_bytes)
+    check_positive_ints(T=T, H=H, d=d, dtype_bytes=dtype_bytes)
     return 2 * T * H * d * dtype_bytes
 
 
 def state_bytes(H, K, V, dtype_bytes=4):
     """Bytes of the linear-attention state, one ``[K, V]`` matrix per head (float32 by default),
     per sequence and layer. Independent of T."""
-    _positive_ints(H=H, K=K, V=V, dtype_bytes=dtype_bytes)
+    check_positive_ints(H=H, K=K, V=V, dtype_bytes=dtype_bytes)
     return H * K * V * dtype_bytes
 
 
@@ -154,22 +156,22 @@ def _state_dtype_bytes(act_bytes, state_bytes):
 def chunk_gla_stage_costs(B, T, H, K, V, C=64, c=16, act_bytes=2, gate_bytes=4, state_bytes=None,
                           a_bytes=None) -> dict:
     """Cost of each forward kernel of ``gla_ref.triton.chunk_gla`` (chapter 4), the FLOPs from
-    :func:`two_level_flop_split`: ``cumsum`` (g, q, k → gc, the float32 chunk-local cumulative
+    :func:`two_level_flop_split`: ``cumsum`` (g, q, k → b, the float32 chunk-local cumulative
     log-gate log Λ, and the decayed operands ``scale·Q ⊙ Λ`` and ``K ⊙ Γ`` in the input dtype),
-    ``state`` (the inter-chunk recurrence: K ⊙ Γ, v and each chunk's last gc row → a state per
-    chunk), ``intra`` (q, k, gc → the ``C × C`` blocks A: sub-chunk pairs on tensor cores,
+    ``state`` (the inter-chunk recurrence: K ⊙ Γ, v and each chunk's last b row → a state per
+    chunk), ``intra`` (q, k, b → the ``C × C`` blocks A: sub-chunk pairs on tensor cores,
     diagonal tiles in float32) and ``output`` (Q ⊙ Λ, states, A, v → o by ``(Q ⊙ Λ) S + A V``). The states take
     ``state_bytes`` an element: None means ``act_bytes`` (chunk_gla's default), 4 its
     ``states_in_fp32=True``; A takes ``a_bytes``: None means ``act_bytes`` (stored in the input
     dtype), 4 for builds that stored it in float32."""
     state_bytes = _state_dtype_bytes(act_bytes, state_bytes)
     a_bytes = _state_dtype_bytes(act_bytes, a_bytes)
-    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, c=c, act_bytes=act_bytes, gate_bytes=gate_bytes,
+    check_positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, c=c, act_bytes=act_bytes, gate_bytes=gate_bytes,
                    state_bytes=state_bytes, a_bytes=a_bytes)
     f = {key: B * H * n for key, n in two_level_flop_split(T, C, c, K, V).items() if key != "half_fraction"}
-    xk, xv = B * T * H * K, B * T * H * V  # elements of q, k or gc; of v or o
+    xk, xv = B * T * H * K, B * T * H * V  # elements of q, k or b; of v or o
     states, A = _chunk_state_bytes(B, T, H, K, V, C, state_bytes), B * T * H * C * a_bytes
-    last_rows = B * H * -(-T // C) * K * 4  # γ: the last gc row of every chunk, float32
+    last_rows = B * H * -(-T // C) * K * 4  # γ: the last b row of every chunk, float32
     return {
         "cumsum": _cost(nbytes=xk * (gate_bytes + 4 + 4 * act_bytes)),
         "state": _cost(f["state"], 0, (xk + xv) * act_bytes + last_rows + states),
@@ -183,7 +185,7 @@ def fused_chunk_gla_cost(B, T, H, K, V, C=16, act_bytes=2, gate_bytes=4) -> dict
     its dtype, no state leaving the chip. The whole ``C × C`` block P by Eq. 4 in float32 (``c = C``),
     the rest on tensor cores. (The kernel rebuilds P in each of a head's value blocks: it issues
     those float32 FLOPs ``⌈V/BV⌉`` times; the model counts the algorithm's.)"""
-    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, act_bytes=act_bytes, gate_bytes=gate_bytes)
+    check_positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, act_bytes=act_bytes, gate_bytes=gate_bytes)
     f = two_level_flop_split(T, C, C, K, V)
     xk, xv = B * T * H * K, B * T * H * V
     return _cost(B * H * (f["state"] + f["inter_chunk"] + f["pv"]), B * H * f["intra_sub_chunk"],
@@ -194,9 +196,9 @@ def chunk_simple_gla_cost(B, T, H, K, V, C=64, act_bytes=2, gate_bytes=4, state_
     """Cost of ``gla_ref.triton.chunk_simple_gla``'s forward: a scalar gate per token and head, so
     the intra-chunk block is one ``C × C`` matmul (``c = C``, all on tensor cores); kernels: cumsum,
     state (a state per chunk, ``state_bytes`` an element: None means ``act_bytes``, the kernel's
-    default), output (q, k, v, gc, states → o); gc is the chunk-local cumulative log-gate log Λ."""
+    default), output (q, k, v, b, states → o); b is the chunk-local cumulative log-gate log Λ."""
     state_bytes = _state_dtype_bytes(act_bytes, state_bytes)
-    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, act_bytes=act_bytes, gate_bytes=gate_bytes,
+    check_positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, act_bytes=act_bytes, gate_bytes=gate_bytes,
                    state_bytes=state_bytes)
     f = two_level_flop_split(T, C, C, K, V)
     xk, xv, xg = B * T * H * K, B * T * H * V, B * T * H
@@ -212,7 +214,7 @@ def sdpa_causal_cost(B, T, H, K, V, act_bytes=2) -> dict:
     the causal triangle at 2K FLOPs (``QKᵀ``) plus 2V (``PV``) each, on tensor cores (the softmax's
     exp not counted); q, k, v read and o written once, one float32 log-sum-exp per query kept for
     the backward. K = V = d gives half of :func:`flops_attention` plus the diagonal's 2Td."""
-    _positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes)
+    check_positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes)
     pairs = T * (T + 1) // 2
     xk, xv = B * T * H * K, B * T * H * V
     return _cost(B * H * pairs * 2 * (K + V), 0, (2 * xk + 2 * xv) * act_bytes + B * H * T * 4)
@@ -238,9 +240,9 @@ def forward_cost(name, B, T, H, K, V, act_bytes=2, state_bytes=None, a_bytes=Non
 def forward_allocations(name, B, T, H, K, V, act_bytes=2, state_bytes=None, a_bytes=None, decayed=True) -> dict:
     """Bytes of each tensor that one forward of a ``gla_ref.triton`` kernel allocates at its default
     chunk size (64), no final state asked for, and holds at its end; their sum is the forward's peak
-    memory above its inputs: ``chunk_gla`` gc (the float32 chunk-local cumulative log-gate log Λ),
+    memory above its inputs: ``chunk_gla`` b (the float32 chunk-local cumulative log-gate log Λ),
     ``qt`` (scale·Q ⊙ Λ from step 1, with ``decayed``), the states of every chunk, A and o;
-    ``chunk_simple_gla`` the summed scalar gate, gc, the states and o; ``fused_chunk_gla`` o alone.
+    ``chunk_simple_gla`` the summed scalar gate, b, the states and o; ``fused_chunk_gla`` o alone.
     Keys name the tensors as the kernels do. (chunk_gla's step 1 also writes K ⊙ Γ, freed once the
     states are built, before A and o exist: it sets the peak instead of them only where K ⊙ Γ
     outweighs A and o together, K·act_bytes > 64·a_bytes + V·act_bytes, which no shape with V ≥ K
@@ -251,16 +253,16 @@ def forward_allocations(name, B, T, H, K, V, act_bytes=2, state_bytes=None, a_by
     before step 1 wrote the decayed operands (results stamped before 2026-11-26)."""
     state_bytes = _state_dtype_bytes(act_bytes, state_bytes)
     a_bytes = _state_dtype_bytes(act_bytes, a_bytes)
-    _positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes, state_bytes=state_bytes, a_bytes=a_bytes)
+    check_positive_ints(B=B, T=T, H=H, K=K, V=V, act_bytes=act_bytes, state_bytes=state_bytes, a_bytes=a_bytes)
     xk, xv, xg = B * T * H * K, B * T * H * V, B * T * H
     if name == "chunk_gla" and decayed and K * act_bytes > 64 * a_bytes + V * act_bytes:
         raise ValueError(f"K={K}, V={V}: K ⊙ Γ outweighs A and o, so the peak is reached before the forward's "
                          "end; this model covers K * act_bytes <= 64 * a_bytes + V * act_bytes")
     qt = {"qt": xk * act_bytes} if decayed else {}
     allocs = {
-        "chunk_gla": lambda: {"gc": xk * 4, **qt, "states": _chunk_state_bytes(B, T, H, K, V, 64, state_bytes),
+        "chunk_gla": lambda: {"b": xk * 4, **qt, "states": _chunk_state_bytes(B, T, H, K, V, 64, state_bytes),
                               "A": B * T * H * 64 * a_bytes, "o": xv * act_bytes},
-        "chunk_simple_gla": lambda: {"g": xg * 4, "gc": xg * 4,
+        "chunk_simple_gla": lambda: {"g": xg * 4, "b": xg * 4,
                                      "states": _chunk_state_bytes(B, T, H, K, V, 64, state_bytes),
                                      "o": xv * act_bytes},
         "fused_chunk_gla": lambda: {"o": xv * act_bytes},
@@ -309,7 +311,7 @@ del _peaks
 def mxu_utilisation(rows: int, mxu: int) -> float:
     """Model assumption: a matmul whose smallest side is ``rows`` uses ``min(1, rows / mxu)`` of an
     ``mxu × mxu`` systolic array (a 16-row tile fills 16/128 of a v5e MXU, 16/256 of a v6e one)."""
-    _positive_ints(rows=rows, mxu=mxu)
+    check_positive_ints(rows=rows, mxu=mxu)
     return min(1.0, rows / mxu)
 
 
@@ -335,7 +337,7 @@ def tpu_forward_model(name, B, T, H, K, V, device, C=64, tile_rows=16, act_bytes
     models = ("chunk_gla", "fused_chunk_gla", "chunk_simple_gla")
     if name not in models:
         raise ValueError(f"name must be one of {models}, got {name!r}")
-    _positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, tile_rows=tile_rows, act_bytes=act_bytes)
+    check_positive_ints(B=B, T=T, H=H, K=K, V=V, C=C, tile_rows=tile_rows, act_bytes=act_bytes)
     if C % tile_rows:
         raise ValueError(f"tile_rows={tile_rows} must divide C={C}")
     peaks = TPU_DATASHEET_PEAKS[device]

@@ -148,12 +148,24 @@ def results_dir() -> pathlib.Path:
     return checkout if checkout.is_dir() else here / "stored"
 
 
+def kinds() -> set:
+    """Every kind (file prefix) of stored result: the scripts' (:data:`SCRIPTS`) and the suites'
+    (:data:`gla_ref.bench.suites.SUITES`)."""
+    from gla_ref.bench.suites import SUITES
+
+    return set(SCRIPTS) | set(SUITES)
+
+
 def latest_results(prefix: str, folder=None):
-    """``(path, result)`` of the newest ``<prefix>_*.json`` in ``folder`` (default: the one
+    """``(path, result)`` of the newest ``<prefix>_<device>.json`` in ``folder`` (default: the one
     :func:`results_dir` names): the latest date in its stamp, then the most rows (a full run over a
-    partial one of the same day), then the file name. None when there is no such file."""
+    partial one of the same day), then the file name. None when there is no such file. A file of a longer
+    kind that starts with this one is not this kind's (``paper_setups_*`` is not a ``paper`` suite's result,
+    nor ``pallas_bench_*`` a ``pallas`` one's)."""
     folder = results_dir() if folder is None else pathlib.Path(folder)
-    found = [(p, load_results(p)) for p in sorted(folder.glob(f"{prefix}_*.json"))]
+    longer = [kind for kind in kinds() if kind.startswith(prefix + "_")]
+    found = [(p, load_results(p)) for p in sorted(folder.glob(f"{prefix}_*.json"))
+             if not any(p.name.startswith(kind + "_") for kind in longer)]
     return max(found, key=lambda pr: (pr[1]["env"]["date"], len(pr[1]["rows"]), pr[0].name)) if found else None
 
 
@@ -173,16 +185,21 @@ def write_result(result: dict, prefix: str, folder, out=None, smoke: bool = Fals
 
 
 def hint(prefix: str) -> str:
-    """What to run to produce a result of kind ``prefix`` (printed where none is stored): the commands
-    from a fresh clone of the repository, since the benchmark scripts are not installed with the package."""
+    """What to run to produce a result of kind ``prefix`` (printed where none is stored): a suite's
+    ``python -m gla_ref.bench run``, or a script's command from a fresh clone of the repository (the
+    benchmark scripts are not installed with the package)."""
+    from gla_ref.bench.suites import SUITES
     from gla_ref.runtime import repository_url
 
-    if prefix not in SCRIPTS:
-        raise ValueError(f"prefix must be one of {sorted(SCRIPTS)}, got {prefix!r}")
+    if prefix not in kinds():
+        raise ValueError(f"prefix must be one of {sorted(kinds())}, got {prefix!r}")
     url = repository_url()
+    # a kind both a script and a suite write is still the script's until its chapter reads the suite's file
+    command = (f"python benchmarks/{SCRIPTS[prefix]}" if prefix in SCRIPTS
+               else f"python -m gla_ref.bench run {prefix}")
     return (f"no stored {prefix} result in {results_dir()}; on a CUDA GPU run:\n"
             f"  git clone {url} && cd {url.rstrip('/').rsplit('/', 1)[-1]} && "
-            f"pip install -e '.[all]' && python benchmarks/{SCRIPTS[prefix]}")
+            f"pip install -e '.[all]' && {command}")
 
 
 def series(result: dict, name: str, metric: str = "fwd_bwd"):

@@ -10,15 +10,15 @@ def torch_chunk_parts(q, k, v, g, chunk_size=64, sub_chunk_size=16):
     call without arguments on inputs prepared once; ``combine(o_inter, o_intra)`` gives ``o``."""
     from gla_ref.reference import torch as R
 
-    R._check_sub_chunk_size(chunk_size, sub_chunk_size)
-    (q_, k_, v_, g_, h0, scale), _ = R._checked(q, k, v, g, None, None)
+    R.check_sub_chunk_size(chunk_size, sub_chunk_size)
+    (q_, k_, v_, g_, h0, scale), _ = R.checked_inputs(q, k, v, g, None, None)
     dtype, T = q.dtype, q.shape[1]
-    qm, km, vm, gm, h0 = R._to_math(q_, k_, v_, g_, h0, scale)
-    qm, km, vm, gm = R._chunked(chunk_size, qm, km, vm, gm)
+    qm, km, vm, gm, h0 = R.to_math_layout(q_, k_, v_, g_, h0, scale)
+    qm, km, vm, gm = R.split_chunks(chunk_size, qm, km, vm, gm)
     b = gm.cumsum(-2)
-    parts = {"inter": lambda: R._scan_chunks(qm, km, vm, b, h0)[0],
-             "intra": lambda: R._two_level_scores(qm, km, b, sub_chunk_size, None) @ vm}
-    return parts, lambda o_inter, o_intra: R._output(o_intra + o_inter, T, dtype)
+    parts = {"inter": lambda: R.scan_chunks(qm, km, vm, b, h0)[0],
+             "intra": lambda: R.two_level_scores(qm, km, b, sub_chunk_size, None) @ vm}
+    return parts, lambda o_inter, o_intra: R.to_output_layout(o_intra + o_inter, T, dtype)
 
 
 def triton_chunk_stages(q, k, v, g, chunk_size=64) -> dict:
@@ -36,10 +36,10 @@ def triton_chunk_stages(q, k, v, g, chunk_size=64) -> dict:
     check_chunk_size(chunk_size)
     C, scale = chunk_size, check_scale(None, dims.K)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
-    gc, qt, kt = chunk_gates_and_operands(q, k, g, scale, C)
-    h, _ = chunk_state_fwd(kt, v, gc, None, False, C, decayed=True)
-    A = chunk_intra_attention(q, k, gc, scale, C)
+    b, qt, kt = chunk_gates_and_operands(q, k, g, scale, C)
+    h, _ = chunk_state_fwd(kt, v, b, None, False, C, decayed=True)
+    A = chunk_intra_attention(q, k, b, scale, C)
     return {"cumsum": lambda: chunk_gates_and_operands(q, k, g, scale, C),
-            "state": lambda: chunk_state_fwd(kt, v, gc, None, False, C, decayed=True),
-            "intra": lambda: chunk_intra_attention(q, k, gc, scale, C),
+            "state": lambda: chunk_state_fwd(kt, v, b, None, False, C, decayed=True),
+            "intra": lambda: chunk_intra_attention(q, k, b, scale, C),
             "output": lambda: chunk_output(qt, v, h, A, C)}

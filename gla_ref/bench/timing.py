@@ -7,8 +7,9 @@ carries (device, versions, ptxas, date).
 from __future__ import annotations
 
 import os
+import sys
 
-from gla_ref.bench.models import _positive_ints
+from gla_ref.bench.models import check_positive_ints
 
 
 def show_tuning() -> None:
@@ -35,15 +36,19 @@ def start_gpu_run(parser, smoke: bool) -> bool:
 
 
 def environment() -> dict:
-    """Device, library versions (FLA's too, None when absent), ptxas and date: the stamp every stored result carries."""
+    """Commit (:func:`repository_commit`), date, device, library versions (FLA's too, None when absent) and
+    ptxas: the stamp every stored result carries."""
     import datetime
     import platform
 
-    info = {"date": datetime.date.today().isoformat(), "python": platform.python_version()}
-    for name in ("torch", "triton", "jax", "jaxlib"):
+    info = {"commit": repository_commit(), "date": datetime.date.today().isoformat(),
+            "python": platform.python_version()}
+    from importlib import metadata
+
+    for name in ("torch", "triton", "jax", "jaxlib"):  # installed versions, read without importing (JAX takes seconds)
         try:
-            info[name] = __import__(name).__version__
-        except ImportError:
+            info[name] = sys.modules[name].__version__ if name in sys.modules else metadata.version(name)
+        except metadata.PackageNotFoundError:
             info[name] = None
     info["fla"] = _fla_version()
     try:
@@ -56,6 +61,27 @@ def environment() -> dict:
     except ImportError:
         info["device"] = "cpu"
     return info
+
+
+def repository_commit():
+    """The commit of the code being measured: ``GLA_REF_COMMIT`` when set (a copy of the tree without ``.git``,
+    as on a remote GPU machine, must be told), else ``git rev-parse --short=12 HEAD`` in the checkout gla_ref
+    was imported from, with ``+dirty`` when its tracked files differ from that commit; None outside a checkout."""
+    import pathlib
+    import subprocess
+
+    if os.environ.get("GLA_REF_COMMIT"):
+        return os.environ["GLA_REF_COMMIT"]
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True,  # noqa: E731
+                                        timeout=30, check=True).stdout.strip()
+        commit = git("rev-parse", "--short=12", "HEAD")
+        return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _fla_version():
@@ -204,7 +230,7 @@ def matmul_tflops_cuda(n: int = 8192, dtype: str = "bfloat16") -> float:
     time. ``"float32"`` runs with TF32 off, on the CUDA cores: the ceiling of full-precision work."""
     import torch
 
-    _positive_ints(n=n)
+    check_positive_ints(n=n)
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"dtype must be 'bfloat16', 'float16' or 'float32', got {dtype!r}")
     a, b = (torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))

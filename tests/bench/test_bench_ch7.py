@@ -2,7 +2,6 @@
 counts and the measured peaks of the stored GPU run), the timing splits of the chunk form, the plots,
 and the chunk-size sweep script end to end under Triton's interpreter."""
 
-import importlib.util
 import json
 import math
 import pathlib
@@ -10,14 +9,16 @@ import time
 
 import matplotlib
 import pytest
-import torch
 
-from gla_ref import bench, torch_ref
-from gla_ref.viz import plots
-from gla_ref.testing import as_torch, random_inputs, rel_rmse
+torch = pytest.importorskip("torch")
+
+from gla_ref import bench, torch_ref  # noqa: E402
+from gla_ref.viz import plots  # noqa: E402
+from gla_ref.testing import as_torch, random_inputs, rel_rmse  # noqa: E402
+from gla_ref.testing.scripts import load_script  # noqa: E402
 
 matplotlib.use("Agg")
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 STAMP = {"date": "2026-01-02", "python": "3.11", "torch": "2.5", "jax": None, "device": "NVIDIA H200"}
 
 
@@ -174,13 +175,13 @@ def test_datasheet_peaks():
 def test_chunk_gla_stage_costs_by_hand():
     # B=H=1, T=C=32, c=16, K=V=16: one chunk of two sub-chunks; q, k, v, o have 512 elements each
     s = bench.chunk_gla_stage_costs(1, 32, 1, 16, 16, C=32, c=16)
-    # g (4 bytes) and q, k (2 each) read; gc (4 bytes), Q ⊙ Λ and K ⊙ Γ (2 each) written
+    # g (4 bytes) and q, k (2 each) read; b (4 bytes), Q ⊙ Λ and K ⊙ Γ (2 each) written
     assert s["cumsum"] == {"tc_flops": 0, "fp32_flops": 0, "bytes": 512 * 16}
-    # KᵀV: 2·32·16·16 FLOPs; K ⊙ Γ, v in bf16 (2·512·2), the chunk's last gc row (16·4), one 16×16 state
+    # KᵀV: 2·32·16·16 FLOPs; K ⊙ Γ, v in bf16 (2·512·2), the chunk's last b row (16·4), one 16×16 state
     # in bf16 (512)
     assert s["state"] == {"tc_flops": 16384, "fp32_flops": 0, "bytes": 2048 + 64 + 512}
     # one off-diagonal 16×16 tile of QKᵀ (2·16·16·16) on tensor cores, two diagonal ones in float32;
-    # q, k read (2048), gc (2048), A (32·32, bf16) written
+    # q, k read (2048), b (2048), A (32·32, bf16) written
     assert s["intra"] == {"tc_flops": 8192, "fp32_flops": 16384, "bytes": 2048 + 2048 + 2048}
     # (Q ⊙ Λ) S: 2·32·16·16; A V over the three lower tiles: 3·2·16·16·16; Q ⊙ Λ (1024), the state,
     # A, v read and o written
@@ -216,8 +217,8 @@ def test_fused_and_simple_costs_by_hand():
     # simple GLA at K = V = d is the chunkwise count of chapter 1, all on tensor cores
     cost = bench.chunk_simple_gla_cost(2, 300, 3, 64, 64, C=64)
     assert cost["tc_flops"] == 2 * 3 * bench.flops_chunkwise(300, 64, 64) and cost["fp32_flops"] == 0
-    # bytes with T=C=16, K=V=16, B=H=1: gate 16·(4+4); state: k, v (1024), gc (64), one bf16 state (512);
-    # output: q, k, v, o (2048), gc (64), the state (512); with float32 states 2 · 512 more
+    # bytes with T=C=16, K=V=16, B=H=1: gate 16·(4+4); state: k, v (1024), b (64), one bf16 state (512);
+    # output: q, k, v, o (2048), b (64), the state (512); with float32 states 2 · 512 more
     assert bench.chunk_simple_gla_cost(1, 16, 1, 16, 16, C=16)["bytes"] == 128 + 1600 + 2624
     assert bench.chunk_simple_gla_cost(1, 16, 1, 16, 16, C=16, state_bytes=4)["bytes"] == 128 + 2112 + 3136
 
@@ -242,10 +243,10 @@ def test_forward_cost_and_allocations_reject_unknown_names():
 
 
 def test_allocations_by_hand():
-    # B=2, T=100, H=1, K=V=8, bf16: gc 2·100·8·4, ⌈100/64⌉ = 2 states of 8×8 per sequence in the
+    # B=2, T=100, H=1, K=V=8, bf16: b 2·100·8·4, ⌈100/64⌉ = 2 states of 8×8 per sequence in the
     # input dtype (bf16: 128 bytes; float32 with states_in_fp32: 256), A 2·100·64·2 (float32 in older
     # builds: a_bytes=4), o 2·100·8·2, and scale·Q ⊙ Λ from step 1 2·100·8·2 (none in builds before it)
-    assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8) == {"gc": 6400, "qt": 3200, "states": 2 * 2 * 128,
+    assert bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8) == {"b": 6400, "qt": 3200, "states": 2 * 2 * 128,
                                                                         "A": 25600, "o": 3200}
     assert "qt" not in bench.forward_allocations("chunk_gla", 2, 100, 1, 8, 8, decayed=False)
     with pytest.raises(ValueError, match="K ⊙ Γ outweighs"):  # K ⊙ Γ (512 bytes a token) > A + o (128 + 128)
@@ -373,9 +374,7 @@ def test_plot_roofline_draws_the_roofs():
 # ----------------------------------------------------------------------------- the sweep script
 
 def test_chunk_size_sweep_smoke_run(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_chunk_size", ROOT / "benchmarks" / "bench_chunk_size.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("bench_chunk_size")
     out = script.main(["--smoke", "--C", "16", "256", "--out", str(tmp_path / "sweep.json")])
     sweep = bench.load_results(out)
     got = {(r["C"], r["impl"], r["part"]) for r in sweep["rows"]}

@@ -1,9 +1,12 @@
 """benchmarks/cuda_graphs.py on a CPU: its ratios per mode, and its refusal to run without a GPU (its timings
-and the replays they compare run on a GPU: tests/test_cuda_graphs.py checks the replays there)."""
+and the replays they compare run on a GPU: tests/triton/test_triton_cuda_graphs.py checks the replays there)."""
 
 import pytest
-import torch
-from bench_scripts import load_script
+
+torch = pytest.importorskip("torch")
+
+from gla_ref.testing.scripts import load_script  # noqa: E402
+
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench_scripts import load_script
 
 from gla_ref import bench
+from gla_ref.testing.scripts import load_script
 
 def _script():
     return load_script("first_call")
@@ -25,7 +25,7 @@ def test_first_call_smoke(tmp_path):
         assert [r["T"] for r in row["then"]] == list(script.SMOKE["then"])
         assert row["first"]["fwd_bwd_ms"] > 0 and row["process_s"] > row["import_s"] > 0
         assert row["retuned"] == []  # the interpreter keeps one config: nothing tunes
-        assert "chunk_state.chunk_state_fwd_kernel" in row["autotuned_kernels"]
+        assert "chunk.state.chunk_state_fwd_kernel" in row["autotuned_kernels"]
         assert not any(label.count(".") != 1 for label in row["autotuned_kernels"])
 
 

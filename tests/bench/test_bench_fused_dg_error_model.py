@@ -4,10 +4,11 @@ autograd through the reference), its TF32 maps are what they claim, and a smoke 
 import json
 
 import pytest
-import torch
-from bench_scripts import load_script
 
-from gla_ref import torch_ref
+torch = pytest.importorskip("torch")
+
+from gla_ref import torch_ref  # noqa: E402
+from gla_ref.testing.scripts import load_script  # noqa: E402
 
 
 @pytest.fixture(scope="module")

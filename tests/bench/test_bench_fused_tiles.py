@@ -1,10 +1,12 @@
 """benchmarks/fused_tiles.py: its two tilings are the launcher's two choices, and its ratios pair them (timings run on a GPU)."""
 
 import pytest
-import torch
-from bench_scripts import load_script
 
-from gla_ref.triton.fused_chunk import forward as fused_chunk_fwd
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from gla_ref.testing.scripts import load_script  # noqa: E402
+from gla_ref.triton.fused_chunk import forward as fused_chunk_fwd  # noqa: E402
 
 
 @pytest.fixture(scope="module")

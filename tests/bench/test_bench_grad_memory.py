@@ -3,17 +3,14 @@ the agreement check between the three routes to d log α, and the refusal to run
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 
-from gla_ref import bench, device
+pytest.importorskip("torch")
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "grad_memory.py"
-spec = importlib.util.spec_from_file_location("grad_memory", SCRIPT)
-gm = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gm)
+from gla_ref import bench, device  # noqa: E402
+from gla_ref.testing.scripts import load_script  # noqa: E402
+
+gm = load_script("grad_memory")
 
 
 def test_smoke_writes_every_route_and_they_agree(tmp_path):

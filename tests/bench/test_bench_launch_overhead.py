@@ -1,11 +1,14 @@
 """benchmarks/launch_overhead.py's two modes are the library's switch (its timings run on a GPU)."""
 
 import pytest
-import torch
-from bench_scripts import load_script
-from triton.compiler.compiler import CompiledKernel
 
-from gla_ref.triton.common import launch_cache as _launch
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from triton.compiler.compiler import CompiledKernel  # noqa: E402
+
+from gla_ref.testing.scripts import load_script  # noqa: E402
+from gla_ref.triton.common import launch_cache as _launch  # noqa: E402
 
 
 @pytest.fixture(scope="module")

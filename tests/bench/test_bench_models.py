@@ -2,12 +2,14 @@
 counts of the dense forms checked against PyTorch's own FLOP counter."""
 
 import pytest
-import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from gla_ref.reference import attention as A
-from gla_ref import bench
-from gla_ref.testing import as_torch, random_inputs
+torch = pytest.importorskip("torch")
+
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from gla_ref.reference import attention as A  # noqa: E402
+from gla_ref import bench  # noqa: E402
+from gla_ref.testing import as_torch, random_inputs  # noqa: E402
 
 
 def test_flops_attention_by_hand():

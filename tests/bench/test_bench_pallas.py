@@ -3,20 +3,16 @@ one real smoke run on this machine's device (CPU: Pallas and Triton interpreters
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 import sys
 import time
 
 import pytest
 
 from gla_ref import bench
+from gla_ref.testing.scripts import load_script
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_pallas.py"
-spec = importlib.util.spec_from_file_location("bench_pallas", SCRIPT)
-bp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bp)
+bp = load_script("bench_pallas")
 
 harness = bp.harness  # benchmarks/pallas_harness.py, as the script imports it
 MODES = list(harness.BENCH_MODES)

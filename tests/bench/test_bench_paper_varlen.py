@@ -4,11 +4,12 @@ interpreter, float32, tiny shapes): rows for every candidate, agreement checks t
 import json
 import pathlib
 
-import torch
+import pytest
 
-from bench_scripts import load_script
+torch = pytest.importorskip("torch")
 
-from gla_ref import bench
+from gla_ref import bench  # noqa: E402
+from gla_ref.testing.scripts import load_script  # noqa: E402
 
 def _script(name):
     return load_script(name)

@@ -2,9 +2,9 @@
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from gla_ref.testing.scripts import load_script
 
-from bench_scripts import load_script  # noqa: E402
+torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")

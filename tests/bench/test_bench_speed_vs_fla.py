@@ -4,9 +4,9 @@ import argparse
 
 import pytest
 
-from bench_scripts import load_script
 
 from gla_ref import bench
+from gla_ref.testing.scripts import load_script
 
 def _script():
     return load_script("speed_vs_fla")
@@ -77,7 +77,7 @@ def test_autotune_entries_counts_each_tuned_key_once(monkeypatch):
     the walk it relies on (first_call.autotuners) on the real package: each kernel once, by its home."""
     script = _script()
     real = script.autotuners()
-    assert "chunk_state.chunk_state_fwd_kernel" in real and "chunk_intra.chunk_intra_kernel" in real
+    assert "chunk.state.chunk_state_fwd_kernel" in real and "chunk.intra.chunk_intra_kernel" in real
     assert len({id(t) for t in real.values()}) == len(real)  # a kernel imported elsewhere is not counted twice
 
     class StandIn:

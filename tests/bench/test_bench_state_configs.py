@@ -3,10 +3,11 @@ for bit (Triton's interpreter runs tensor descriptors, zero-filling rows past T)
 refusal to run without a GPU (the sweep times configs on a GPU)."""
 
 import pytest
-import torch
-from bench_scripts import load_script
 
-from gla_ref.testing import as_torch, random_inputs
+torch = pytest.importorskip("torch")
+
+from gla_ref.testing import as_torch, random_inputs  # noqa: E402
+from gla_ref.testing.scripts import load_script  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +27,11 @@ def test_tma_states_equal_the_library(state_configs, dtype, B, T, H, K, V, C):
     from gla_ref.triton.chunk.state import chunk_state_fwd
 
     x = as_torch(random_inputs(B, T, H, K, V, "gla", seed=T + K, tau=4), dtype=dtype, device="cpu")
-    gc, _, kt = chunk_gates_and_operands(x["q"], x["k"], x["g"], 0.3, C)
-    h, _ = chunk_state_fwd(kt, x["v"], gc, None, False, C, decayed=True)
+    b, _, kt = chunk_gates_and_operands(x["q"], x["k"], x["g"], 0.3, C)
+    h, _ = chunk_state_fwd(kt, x["v"], b, None, False, C, decayed=True)
     bk, bv = min(32, triton.next_power_of_2(K)), min(64, triton.next_power_of_2(V))
     kernel = triton.autotune([triton.Config({"BK": bk, "BV": bv})], key=["K"])(state_configs.tma_state_kernel)
-    got = state_configs.tma_states(kernel, kt, x["v"], gc, C)
+    got = state_configs.tma_states(kernel, kt, x["v"], b, C)
     assert h.dtype == got.dtype == dtype and torch.equal(h, got)
 
 
