@@ -3,7 +3,9 @@ benchmarks of :mod:`gla_ref.sequence_parallel.torch`.
 
 :func:`launch` starts ``world_size`` Python processes, each of which joins one
 ``torch.distributed`` group over 127.0.0.1 (gloo for CPU tensors; NCCL with rank r on GPU r),
-calls the function named by ``target`` with its rank and sends back what it returned (pickled). A
+calls the function named by ``target`` with its rank and sends back what it returned (pickled; NCCL
+groups use high-priority streams, so that a state sent between two kernels does not wait for the
+kernels queued after its send to free the GPU). A
 rank that fails stops the others at once, and the whole group is stopped after ``timeout``
 seconds, so a chain whose neighbour died never leaves the caller waiting.
 
@@ -157,8 +159,11 @@ def _rank_main(argv):
     target, folder, backend, timeout = argv[3], pathlib.Path(argv[4]), argv[5], float(argv[6])
     if backend == "nccl":
         torch.cuda.set_device(rank)
+    options = {}
+    if backend == "nccl":  # high-priority NCCL streams: a send is not held up behind the kernels queued after it
+        options["pg_options"] = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=timeout))
+                            world_size=world_size, timeout=timedelta(seconds=timeout), **options)
     try:
         fn = _resolve(target)
         kwargs = pickle.loads((folder / "kwargs.pkl").read_bytes())
@@ -181,14 +186,20 @@ def chunk_gla_on_ranks(runs, *, timeout=120.0):
     ``[B, T, H, K]``, ``initial_state`` ``[B, H, K, V]`` or None); ``lengths`` — tokens per rank,
     summing to T (their count is the world size, the same for every run); optional ``do``
     ``[B, T, H, V]`` and ``dS`` ``[B, H, K, V]`` — cotangents of o and of the final state (no
-    backward without ``do``); ``chunk_size`` (default 64); ``float64`` (default False: float32).
+    backward without ``do``); ``dtype`` — ``"float32"`` (default), ``"float16"`` (both the Triton
+    kernels, interpreted on a CPU) or ``"float64"`` (the PyTorch reference); ``chunk_size``
+    (default 64), ``scale`` (default None) and ``output_final_state`` (default True), passed to
+    every rank; ``ranks`` — ``{rank: {keyword: value}}`` to give some ranks other keywords (to see
+    what a mismatch does).
 
-    Each result holds whole-sequence NumPy arrays: ``o`` ``[B, T, H, V]`` (the ranks' slices in
-    order), ``final_state`` (from the last rank) and, with ``do``, ``dq, dk, dv``, ``dg`` (a
-    ``[H]`` gate's gradient summed over the ranks; None without a gate) and ``dinitial_state``
-    (rank 0; None without an initial state); and per rank: ``sent``, ``received`` (bytes measured
-    by :func:`~gla_ref.sequence_parallel.torch.count_traffic`), ``predicted`` (``(sent,
-    received)`` from :func:`~gla_ref.sequence_parallel.torch.bytes_per_call`) and ``seconds``.
+    Each result holds whole-sequence NumPy arrays (float64): ``o`` ``[B, T, H, V]`` (the ranks'
+    slices in order), ``final_state`` (from the last rank; None without ``output_final_state``) and,
+    with ``do``, ``dq, dk, dv``, ``dg`` (a ``[H]`` gate's gradient summed over the ranks; None without
+    a gate) and ``dinitial_state`` (rank 0; None without an initial state); and per rank: ``sent``,
+    ``received`` (bytes measured by :func:`~gla_ref.sequence_parallel.torch.count_traffic`),
+    ``predicted`` (``(sent, received)`` from :func:`~gla_ref.sequence_parallel.torch.bytes_per_call`)
+    and ``seconds``. A run whose call raised ValueError or TypeError on some rank gives
+    ``{"raised": [[type name, message] or None, by rank]}`` instead (the group goes on with the next run).
     """
     runs = list(runs)
     sizes = {len(run["lengths"]) for run in runs}
@@ -198,8 +209,13 @@ def chunk_gla_on_ranks(runs, *, timeout=120.0):
         T = run["inputs"]["q"].shape[1]
         if sum(run["lengths"]) != T or min(run["lengths"]) < 1:
             raise ValueError(f"runs[{i}]['lengths'] = {run['lengths']} must be positive and sum to T={T}")
+        if run.get("dtype", "float32") not in _DTYPES:
+            raise ValueError(f"runs[{i}]['dtype'] must be one of {_DTYPES}, got {run['dtype']!r}")
     per_rank = launch(f"{__name__}:_rank_runs", sizes.pop(), kwargs={"runs": runs}, timeout=timeout)
     return [_stitch(run, [ranks[i] for ranks in per_rank]) for i, run in enumerate(runs)]
+
+
+_DTYPES = ("float32", "float16", "float64")
 
 
 def _slice(x, lo, hi, rank):
@@ -223,23 +239,33 @@ def _rank_runs(rank, world_size, runs):
     for run in runs:
         lo, hi = sum(run["lengths"][:rank]), sum(run["lengths"][:rank + 1])
         backward = run.get("do") is not None
-        dtype = torch.float64 if run.get("float64") else torch.float32
+        dtype = getattr(torch, run.get("dtype", "float32"))
         t = as_torch(_slice(run["inputs"], lo, hi, rank), dtype, requires_grad=backward)
+        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        kwargs = {**t, "chunk_size": run.get("chunk_size", 64), "scale": run.get("scale"),
+                  "output_final_state": run.get("output_final_state", True)}
+        for name, value in run.get("ranks", {}).get(rank, {}).items():  # arrays as tensors (states' dtype)
+            kwargs[name] = torch.as_tensor(value, dtype=state_dtype) if isinstance(value, np.ndarray) else value
         start = time.perf_counter()
-        with sp.count_traffic() as moved:
-            o, S = sp.chunk_gla(**t, output_final_state=True, chunk_size=run.get("chunk_size", 64))
-            if backward:
-                loss = (o * torch.as_tensor(run["do"][:, lo:hi], dtype=o.dtype)).sum()
-                if S is not None and run.get("dS") is not None:
-                    loss = loss + (S * torch.as_tensor(run["dS"], dtype=S.dtype)).sum()
-                loss.backward()
+        try:
+            with sp.count_traffic() as moved:
+                o, S = sp.chunk_gla(**kwargs)
+                if backward:
+                    outs, cots = [o], [torch.as_tensor(run["do"][:, lo:hi], dtype=o.dtype)]
+                    if S is not None and run.get("dS") is not None:
+                        outs.append(S)
+                        cots.append(torch.as_tensor(run["dS"], dtype=S.dtype))
+                    torch.autograd.backward(outs, cots)
+        except (TypeError, ValueError) as err:
+            out.append({"raised": [type(err).__name__, str(err)]})
+            continue
         B, _, H, K = t["q"].shape
         predicted = sp.bytes_per_call(B, H, K, t["v"].shape[-1], rank=rank, world_size=world_size,
                                       dtype=dtype, backward=backward)
         mine = {"o": o, "final_state": S}
         if backward:
             mine.update({"d" + n: None if t[n] is None else t[n].grad for n in t})
-        out.append({**{n: None if x is None else x.detach().numpy() for n, x in mine.items()},
+        out.append({**{n: None if x is None else x.detach().double().numpy() for n, x in mine.items()},
                     "sent": moved.sent, "received": moved.received,
                     "predicted": (predicted.sent, predicted.received),
                     "seconds": time.perf_counter() - start})
@@ -248,6 +274,8 @@ def _rank_runs(rank, world_size, runs):
 
 def _stitch(run, ranks):
     """Whole-sequence arrays from the ranks' parts of one run (see :func:`chunk_gla_on_ranks`)."""
+    if any("raised" in r for r in ranks):
+        return {"raised": [r.get("raised") for r in ranks]}
     result = {"o": np.concatenate([r["o"] for r in ranks], axis=1), "final_state": ranks[-1]["final_state"]}
     if run.get("do") is not None:
         for n in ("dq", "dk", "dv"):

@@ -1,4 +1,4 @@
-"""Worker for tests/test_sequence_parallel_jax.py, run in a fresh process whose JAX sees 8 CPU
+"""Worker for test_sequence_parallel_jax.py (beside it), run in a fresh process whose JAX sees 8 CPU
 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set before jax is imported).
 
 Usage: ``python _sp_jax_worker.py CASES_JSON``. Prints one JSON line mapping each case id to what
@@ -10,7 +10,6 @@ and the collective ops of the compiled program (as a regular expression here fin
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from functools import partial
@@ -20,13 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recurrence64 import recurrence64, recurrence64_grads  # noqa: E402
-
-from gla_ref import jax_ref  # noqa: E402
-from gla_ref.sequence_parallel import costs  # noqa: E402
-from gla_ref.sequence_parallel.jax import chunk_gla  # noqa: E402
-from gla_ref.testing import as_jax, random_inputs, rel_rmse  # noqa: E402
+from gla_ref import jax_ref
+from gla_ref.sequence_parallel import costs
+from gla_ref.sequence_parallel.jax import chunk_gla
+from gla_ref.testing import as_jax, random_inputs, recurrence64, recurrence64_grads, rel_rmse
 
 COLLECTIVE = re.compile(r"= (\(.*?\)|\S+) (all-gather|all-reduce|collective-permute|all-to-all|"
                         r"reduce-scatter|collective-broadcast)(?:-start)?\(")

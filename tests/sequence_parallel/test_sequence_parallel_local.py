@@ -11,12 +11,13 @@ import time
 import matplotlib
 import numpy as np
 import pytest
-import torch
 
-from gla_ref import torch_ref
-from gla_ref.viz import parallel as plots_parallel
-from gla_ref.sequence_parallel import costs, local
-from gla_ref.testing import as_torch, random_inputs, rel_rmse
+torch = pytest.importorskip("torch")
+
+from gla_ref import torch_ref  # noqa: E402
+from gla_ref.viz import parallel as plots_parallel  # noqa: E402
+from gla_ref.sequence_parallel import costs, local  # noqa: E402
+from gla_ref.testing import as_torch, random_inputs, rel_rmse  # noqa: E402
 
 matplotlib.use("Agg")
 TARGETS = pathlib.Path(__file__).resolve().parent / "_sp_local_targets.py"
@@ -42,7 +43,7 @@ def test_chunk_gla_on_ranks_matches_one_process():
     for gate, h0, lengths in (("gla", True, [7, 10]), ("const", False, [9, 6])):
         x = random_inputs(B=1, T=sum(lengths), H=2, K=4, V=3, gate=gate, initial_state=h0, seed=len(runs))
         runs.append(dict(inputs=x, lengths=lengths, do=rng.standard_normal(x["v"].shape),
-                         dS=rng.standard_normal((1, 2, 4, 3)), chunk_size=4, float64=True))
+                         dS=rng.standard_normal((1, 2, 4, 3)), chunk_size=4, dtype="float64"))
     results = local.chunk_gla_on_ranks(runs, timeout=120)
     for run, got in zip(runs, results):
         ref = _reference(run["inputs"], run["do"], run["dS"], 4)
@@ -53,6 +54,20 @@ def test_chunk_gla_on_ranks_matches_one_process():
         assert got["sent"] == [p[0] for p in got["predicted"]]
         assert got["received"] == [p[1] for p in got["predicted"]]
         assert len(got["seconds"]) == 2 and all(s > 0 for s in got["seconds"])
+
+
+def test_a_subgroup_runs_its_own_chain():
+    """Ranks 1 and 2 of a world of 3 form a group (group ranks 0 and 1), float64: the group's ranks send to each
+    other by their global ranks; rank 0 is not in it."""
+    x = random_inputs(B=1, T=9, H=2, K=4, V=3, gate="scalar", initial_state=True, seed=3)
+    got = local.launch(f"{TARGETS}:subgroup_chain", 3, kwargs={"inputs": x, "members": [1, 2], "lengths": [4, 5]},
+                       timeout=120)
+    assert got[0] is None
+    ref = _reference(x, np.ones(x["v"].shape), np.ones((1, 2, 4, 3)), 4)
+    o = np.concatenate([got[1]["o"], got[2]["o"]], axis=1)
+    assert rel_rmse(ref["o"], o) < 1e-12 and rel_rmse(ref["final_state"], got[2]["final_state"]) < 1e-12
+    assert rel_rmse(ref["dinitial_state"], got[1]["dinitial_state"]) < 1e-12
+    assert rel_rmse(ref["dg"], np.concatenate([got[1]["dg"], got[2]["dg"]], axis=1)) < 1e-12
 
 
 def test_a_failing_rank_stops_the_group_at_once():
@@ -111,6 +126,22 @@ def test_ring_attention_bytes_grow_with_T():
         costs.ring_attention_bytes(1, 10, 1, 1, 1, devices=4)
     with pytest.raises(ValueError, match="devices must be an int >= 1"):
         costs.state_chain_bytes(1, 1, 1, 1, devices=0)
+
+
+def test_sequence_parallel_seconds_adds_the_share_the_extra_passes_and_the_hops():
+    state = 1 * 16 * 128 * 128 * 4  # 1 MiB
+    m = costs.sequence_parallel_seconds(0.1, 1, 16, 128, 128, devices=16, state_pass_fraction=0.2,
+                                        link_bytes_per_s=1e11, hop_latency_s=5e-6)
+    hop = 5e-6 + state / 1e11
+    assert m["compute_s"] == pytest.approx(0.1 / 16 * 1.2) and m["chain_s"] == pytest.approx(30 * hop)
+    assert m["total_s"] == pytest.approx(m["compute_s"] + m["chain_s"])
+    assert m["speedup"] == pytest.approx(0.1 / m["total_s"])
+    one = costs.sequence_parallel_seconds(0.1, 1, 16, 128, 128, devices=1, state_pass_fraction=0.2,
+                                          link_bytes_per_s=1e11, hop_latency_s=5e-6)
+    assert one == {"compute_s": 0.1, "chain_s": 0.0, "total_s": 0.1, "speedup": 1.0}
+    with pytest.raises(ValueError, match="link_bytes_per_s must be positive"):
+        costs.sequence_parallel_seconds(0.1, 1, 1, 1, 1, devices=2, state_pass_fraction=0, link_bytes_per_s=0,
+                                        hop_latency_s=0)
 
 
 HLO = """

@@ -1,138 +1,168 @@
-"""gla_ref.sequence_parallel.torch with 2 and 4 gloo processes on 127.0.0.1, against
-torch_ref.chunk_gla in one process and the float64 recurrence: every rank's outputs and gradients,
-the final state (last rank), dh0 (rank 0), a subgroup; the bytes moved per call, for two T; and
-bad input on one rank raising on every rank (so none waits forever).
+"""gla_ref.sequence_parallel.torch on 2 and 3 gloo ranks on 127.0.0.1 (gla_ref.sequence_parallel.local), the
+Triton kernels in their CPU interpreter (float32, float16) and the float64 reference path: every rank's o and
+gradients, the final state (last rank) and dh0 (rank 0), stitched into whole-sequence arrays, against the
+one-device chunk_gla and the float64 recurrence; uneven slices that are not multiples of the chunk size, with
+and without an initial state, every gate rank; the bytes per call; and ranks that disagree (scale, chunk size,
+output_final_state, gate rank) or hold a bad input raising on every rank.
 
-Each group is a set of subprocesses running tests/_sp_torch_worker.py (both groups at once, with
-a timeout); each test reads its part of the results.
+Both groups run at once in subprocesses (local.launch stops them after a timeout); the one-device references run
+here.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
-from ref_cases import GRAD_TOL, TOL
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+torch = pytest.importorskip("torch")
+
+from gla_ref import torch_ref  # noqa: E402
+from gla_ref.sequence_parallel import local  # noqa: E402
+from gla_ref.testing import random_inputs, recurrence64, recurrence64_grads, rel_rmse  # noqa: E402
+from gla_ref.testing.cases import GRAD_TOL, TOL  # noqa: E402
+
 SHAPE = dict(B=1, H=2, K=4, V=3)
+C = 16
+STATE = 4 * SHAPE["B"] * SHAPE["H"] * SHAPE["K"] * SHAPE["V"]
+HEADER = 11 * 8
 
 
-def _accuracy(lengths, gate, h0, **extra):
-    """lengths: tokens per rank (chunk size 4, so most slices end in a partial chunk)."""
-    return dict(kind="accuracy", shape=SHAPE, lengths=lengths, gate=gate, h0=h0, chunk_size=4, **extra)
+def _run(lengths, gate, h0, dtype="float32", seed=0, chunk_size=C, **extra):
+    x = random_inputs(**SHAPE, T=sum(lengths), gate=gate, initial_state=h0, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    do = rng.standard_normal(x["v"].shape)
+    dS = rng.standard_normal((SHAPE["B"], SHAPE["H"], SHAPE["K"], SHAPE["V"]))
+    return dict(inputs=x, lengths=lengths, do=do, dS=dS, dtype=dtype, chunk_size=chunk_size, **extra)
 
 
-BAD = {  # the rank with the bad input (None: the ranks disagree), and what its message names;
-    # every other rank's message names that rank
+def _positive_gate_on_rank_0():
+    """float64 (the reference path checks values always; the kernels only under gla_ref.device.debug)."""
+    run = _run([8, 8], "gla", False, "float64")
+    run["inputs"]["g"][:, 2] = 0.5
+    return run
+
+
+RUNS = {  # world size -> runs, in this order (bad calls first: the group must go on after every rank raised)
+    2: {
+        "bad_scale_on_rank_1": _run([8, 8], "gla", False, ranks={1: {"scale": 0.3}}),
+        "bad_chunk_size_on_rank_0": _run([8, 8], "gla", False, ranks={0: {"chunk_size": 32}}),
+        "bad_output_final_state_on_rank_1": _run([8, 8], "gla", False, ranks={1: {"output_final_state": False}}),
+        "bad_initial_state_on_rank_1": _run([8, 8], "gla", False, ranks={1: {"initial_state": np.zeros((1, 2, 4, 3))}}),
+        "bad_positive_gate_on_rank_0": _positive_gate_on_rank_0(),
+        "gla_h0_float32": _run([20, 13], "gla", True, seed=1),
+        "gla_float16": _run([11, 21], "gla", False, "float16", seed=2),
+    },
+    3: {
+        "bad_gate_rank_on_rank_2": _run([4, 4, 4], "gla", False, ranks={2: {"g": None}}),
+        "scalar_float32": _run([10, 17, 6], "scalar", False, seed=3),
+        "const_h0_float16": _run([16, 5, 12], "const", True, "float16", seed=4),
+        "gla_h0_float64": _run([5, 3, 6], "gla", True, "float64", seed=5, chunk_size=4),
+    },
+}
+BAD = {  # the run's culprit rank (None: the ranks disagree) and what its message names; the others name it
+    "bad_scale_on_rank_1": (None, "same scale; by rank: scale {0: 0.5, 1: 0.3}"),
+    "bad_chunk_size_on_rank_0": (None, "same chunk_size; by rank: chunk_size {0: 32, 1: 16}"),
+    "bad_output_final_state_on_rank_1": (None, "output_final_state {0: True, 1: False}"),
     "bad_initial_state_on_rank_1": (1, "initial_state is given on rank 0 only"),
     "bad_positive_gate_on_rank_0": (0, "g must hold log forget gates"),
-    "bad_K_differs_on_last_rank": (None, "same B, H, K, V"),
+    "bad_gate_rank_on_rank_2": (None, "gate rank {0: 4, 1: 4, 2: 0}"),
 }
-CASES = {  # world size -> cases, run in this order (bad calls first: the group must survive them)
-    2: {
-        "bad_initial_state_on_rank_1": dict(kind="bad_call", shape=SHAPE, bad="initial_state_on_rank_1"),
-        "gla_h0": _accuracy([6, 5], "gla", True),
-        "scalar": _accuracy([4, 4], "scalar", False),
-        "gla_h0_float64": _accuracy([3, 6], "gla", True, float64=True),
-        "traffic": dict(kind="traffic", shape=SHAPE, lengths=[4, 16]),
-    },
-    4: {
-        "bad_positive_gate_on_rank_0": dict(kind="bad_call", shape=SHAPE, bad="positive_gate_on_rank_0"),
-        "bad_K_differs_on_last_rank": dict(kind="bad_call", shape=SHAPE, bad="K_differs_on_last_rank"),
-        "gla": _accuracy([5, 3, 4, 6], "gla", False),
-        "const_h0": _accuracy([3, 3, 3, 3], "const", True),
-        "none_h0": _accuracy([2, 4, 1, 5], "none", True),
-        "subgroup_1_2_3_scalar_h0": _accuracy([4, 2, 5], "scalar", True, group=[1, 2, 3]),
-        "traffic": dict(kind="traffic", shape=SHAPE, lengths=[4, 16]),
-    },
+TOLERANCE = {  # (vs the one-device chunk_gla, vs the float64 recurrence on the rounded inputs: o and S, gradients)
+    "float32": (1e-5, TOL, GRAD_TOL),
+    "float16": (5e-3, 5e-3, 5e-3),
+    "float64": (1e-12, 1e-12, 1e-12),
 }
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def ranks():
-    """{world: {case id: [rank 0's result, rank 1's, ...]}} from both groups, run side by side."""
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    worker = os.path.join(HERE, "_sp_torch_worker.py")
-    procs = {}
-    for world, cases in CASES.items():
-        argv = [str(world), str(_free_port()), json.dumps(cases)]
-        procs[world] = [subprocess.Popen([sys.executable, worker, str(rank), *argv], text=True, env=env,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                        for rank in range(world)]
-    results = {}
-    try:
-        for world, group in procs.items():
-            outs = [p.communicate(timeout=120) for p in group]
-            for p, (_, err) in zip(group, outs):
-                assert p.returncode == 0, err[-4000:]
-            per_rank = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-            results[world] = {cid: [r[cid] for r in per_rank] for cid in CASES[world]}
-    finally:
-        for p in (p for group in procs.values() for p in group):
-            if p.poll() is None:
-                p.kill()
-    return results
+    """{world: {run id: result}} from both groups, run side by side."""
+    with ThreadPoolExecutor(2) as pool:
+        futures = {world: pool.submit(local.chunk_gla_on_ranks, runs.values(), timeout=280)
+                   for world, runs in RUNS.items()}
+        return {world: dict(zip(RUNS[world], f.result())) for world, f in futures.items()}
 
 
-def _ids(kind):
-    return [(w, cid) for w, cases in CASES.items() for cid, c in cases.items() if c["kind"] == kind]
+def _rounded(run):
+    """The inputs and cotangents as the ranks' kernels see them (q, k, v, dO in the run's dtype; g and states
+    float32), in float64."""
+    dt = {"float16": np.float16, "float32": np.float32, "float64": np.float64}[run["dtype"]]
+    state = np.float64 if dt is np.float64 else np.float32
+    x = {n: None if a is None else np.asarray(a, dt if n in "qkv" else state).astype(np.float64)
+         for n, a in run["inputs"].items()}
+    return x, run["do"].astype(dt).astype(np.float64), run["dS"].astype(state).astype(np.float64)
 
 
-def _expected_tensors(case, rank, size):
-    """What rank ``rank`` of a chain of ``size`` checks: its o and gradients, the final state on
-    the last rank, dh0 on rank 0."""
-    names = {"o", "dq", "dk", "dv"} | ({"dg"} if case["gate"] != "none" else set())
-    names |= {"final_state"} if rank == size - 1 else set()
-    return names | ({"dinitial_state"} if rank == 0 and case["h0"] else set())
+def _one_device(run):
+    """o, the final state and the gradients of the whole sequence on one device: the Triton chunk_gla (float32,
+    float16; the gate broadcast to [B, T, H, K]) or the PyTorch reference (float64)."""
+    x, do, dS = _rounded(run)
+    dtype = getattr(torch, run["dtype"])
+    state = torch.float64 if dtype == torch.float64 else torch.float32
+    t = {n: None if a is None else torch.tensor(a, dtype=dtype if n in "qkv" else state).requires_grad_()
+         for n, a in x.items()}
+    B, T, H, K = t["q"].shape
+    g = torch_ref.expand_gate(t["g"], B, T, H, K, dtype=state)
+    if dtype == torch.float64:
+        o, S = torch_ref.chunk_gla(t["q"], t["k"], t["v"], g, initial_state=t["initial_state"],
+                                   output_final_state=True, chunk_size=run["chunk_size"])
+    else:
+        from gla_ref import triton as gla_triton
+
+        o, S = gla_triton.chunk_gla(t["q"], t["k"], t["v"], g.contiguous(), initial_state=t["initial_state"],
+                                    output_final_state=True, chunk_size=run["chunk_size"])
+    torch.autograd.backward([o, S], [torch.tensor(do, dtype=o.dtype), torch.tensor(dS, dtype=S.dtype)])
+    out = {"o": o, "final_state": S}
+    out.update({"d" + n: t[n].grad for n in t if t[n] is not None})
+    return out
 
 
-@pytest.mark.parametrize("world,cid", _ids("accuracy"), ids=str)
-def test_matches_one_process_and_recurrence64(ranks, world, cid):
-    case = CASES[world][cid]
-    members = case.get("group", list(range(world)))
-    assert all(r is None for i, r in enumerate(ranks[world][cid]) if i not in members)
-    f64 = case.get("float64", False)
-    tol_ref = 1e-12 if f64 else 1e-5
-    for rank, result in enumerate(ranks[world][cid][i] for i in members):
-        assert set(result["errors"]) == _expected_tensors(case, rank, len(members)), rank
-        assert result["final_state_is_none"] == (rank != len(members) - 1)
-        assert result["dtype"] == ("torch.float64" if f64 else "torch.float32")
-        for name, (vs_ref, vs_64) in result["errors"].items():
-            tol_64 = 1e-12 if f64 else (TOL if name in ("o", "final_state") else GRAD_TOL)
-            assert vs_ref < tol_ref, f"rank {rank}: {name} vs torch_ref.chunk_gla: {vs_ref:.2e}"
-            assert vs_64 < tol_64, f"rank {rank}: {name} vs recurrence64: {vs_64:.2e}"
+def _ids(bad):
+    return [(w, rid) for w, runs in RUNS.items() for rid in runs if rid.startswith("bad_") == bad]
 
 
-@pytest.mark.parametrize("world", CASES)
-def test_bytes_per_call_do_not_grow_with_T(ranks, world):
-    """Measured bytes (forward + backward) are the same for 4 and 16 tokens per rank, and equal
-    bytes_per_call: the header plus one [B, H, K, V] float32 state per hop."""
-    state = 4 * SHAPE["B"] * SHAPE["H"] * SHAPE["K"] * SHAPE["V"]
-    for rank, result in enumerate(ranks[world]["traffic"]):
-        measured = list(result["measured"].values())
-        assert measured[0] == measured[1] == result["predicted"], rank
-        hops = 1 if rank in (0, world - 1) else 2  # each way: the end ranks talk to one neighbour
-        header = (world - 1) * 7 * 8
-        assert result["predicted"] == [header + hops * state] * 2, rank
+@pytest.mark.parametrize("world,rid", _ids(bad=False), ids=str)
+def test_matches_one_device_and_recurrence64(ranks, world, rid):
+    run, got = RUNS[world][rid], ranks[world][rid]
+    assert "raised" not in got, got.get("raised")
+    x, do, dS = _rounded(run)
+    o64, S64 = recurrence64(**x)
+    grads64 = recurrence64_grads(**x, do=do, dS=dS)
+    truth = {"o": o64, "final_state": S64, **{"d" + n: grads64[n] for n in grads64 if grads64[n] is not None}}
+    one = _one_device(run)
+    assert got["dg"] is None if x["g"] is None else got["dg"].shape == x["g"].shape
+    assert (got["dinitial_state"] is None) == (x["initial_state"] is None)
+    vs_one, tol_out, tol_grad = TOLERANCE[run["dtype"]]
+    for name, want in truth.items():
+        tol = tol_out if name in ("o", "final_state") else tol_grad
+        assert rel_rmse(one[name], got[name]) < vs_one, f"{name} vs one device: {rel_rmse(one[name], got[name]):.2e}"
+        assert rel_rmse(want, got[name]) < tol, f"{name} vs recurrence64: {rel_rmse(want, got[name]):.2e}"
 
 
-@pytest.mark.parametrize("world,cid", _ids("bad_call"), ids=str)
-def test_bad_input_on_one_rank_raises_on_every_rank(ranks, world, cid):
-    culprit, words = BAD[cid]
-    for rank, raised in enumerate(ranks[world][cid]):
-        assert raised is not None, f"rank {rank} returned"
-        kind, message = raised
+@pytest.mark.parametrize("world", RUNS)
+def test_bytes_per_call_match_the_count_and_do_not_grow_with_T(ranks, world):
+    """Measured bytes (forward + backward) equal bytes_per_call: the 11-integer header plus one [B, H, K, V]
+    state per hop (float32 for float32 and float16 input, float64 for float64), whatever the slice lengths."""
+    for rid, got in ranks[world].items():
+        if rid.startswith("bad_"):
+            continue
+        state = STATE * (2 if RUNS[world][rid]["dtype"] == "float64" else 1)
+        hops = [1 if r in (0, world - 1) else 2 for r in range(world)]  # the end ranks talk to one neighbour
+        expected = [(world - 1) * HEADER + h * state for h in hops]
+        assert got["sent"] == got["received"] == expected, rid
+        assert got["predicted"] == [(e, e) for e in expected], rid
+
+
+@pytest.mark.parametrize("world,rid", _ids(bad=True), ids=str)
+def test_mismatch_or_bad_input_on_one_rank_raises_on_every_rank(ranks, world, rid):
+    culprit, words = BAD[rid]
+    raised = ranks[world][rid]["raised"]
+    assert len(raised) == world
+    for rank, error in enumerate(raised):
+        assert error is not None, f"rank {rank} returned"
+        kind, message = error
         assert kind in ("ValueError", "TypeError")
         expected = words if culprit in (None, rank) else f"rank(s) [{culprit}]"
         assert expected in message, (rank, message)
