@@ -44,9 +44,9 @@ IMPLEMENTATIONS = {
     "fused": "gla_ref.triton.fused_chunk_gla's forward, whole (states kept on chip)",
 }
 PARTS = {
-    "torch": {"inter": "state recurrence over the chunks and Q S (torch_ref._scan_chunks)",
-              "intra": "within-chunk (P ⊙ M) V by sub-chunks of 16 (torch_ref._two_level_scores, then @ V)"},
-    "triton": {"cumsum": "chunk_local_cumsum: g -> gc = log Λ",
+    "torch": {"inter": "state recurrence over the chunks and Q S (torch_ref.scan_chunks)",
+              "intra": "within-chunk (P ⊙ M) V by sub-chunks of 16 (torch_ref.two_level_scores, then @ V)"},
+    "triton": {"cumsum": "chunk_local_cumsum: g -> b = log Λ",
                "state": "chunk_state_fwd: the inter-chunk recurrence, one float32 state per chunk",
                "intra": "chunk_intra_attention: the C x C blocks A (sub-chunk pairs by tl.dot, diagonal in float32)",
                "output": "chunk_output: (Q ⊙ Λ) S (inter) + A V (intra) in one kernel",
@@ -56,15 +56,9 @@ PARTS = {
 
 
 def make_inputs(B, T, H, K, V, dtype, dev, seed=0):
-    """q, k, v in ``dtype`` and GLA log-gates of the paper's strength (logsigmoid / 16) in float32."""
-    import torch
-    import torch.nn.functional as F
-
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    q, k = (torch.randn(B, T, H, K, device=dev, dtype=dtype, generator=gen) for _ in range(2))
-    v = torch.randn(B, T, H, V, device=dev, dtype=dtype, generator=gen)
-    g = F.logsigmoid(torch.randn(B, T, H, K, device=dev, generator=gen)) / 16
-    return q, k, v, g
+    """q, k, v in ``dtype`` and GLA log-gates of the paper's strength (logsigmoid / 16) in float32
+    (:func:`gla_ref.bench.torch_inputs`, no gradients)."""
+    return tuple(bench.torch_inputs(B, T, H, K, V, "gla", dtype, dev, seed=seed, requires_grad=False))
 
 
 def measure(fn, on_gpu):

@@ -81,22 +81,12 @@ def kernels():
 
 def make_inputs(name, setup, B, T, dtype, dev, seed=0):
     """q, k, v (and GLA log-gates of the paper's strength, logsigmoid/16) for one candidate."""
-    import torch
-    import torch.nn.functional as F
-
     attention = name.startswith("sdpa")
     H, K, V = ((setup["attention"]["H"], setup["attention"]["D"], setup["attention"]["D"]) if attention
                else (setup["gla"]["H"], setup["gla"]["K"], setup["gla"]["V"]))
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    q, k = (torch.randn(B, T, H, K, device=dev, dtype=dtype, generator=gen) for _ in range(2))
-    v = torch.randn(B, T, H, V, device=dev, dtype=dtype, generator=gen)
-    g = None
-    if setup["gla"].get("gate") == "gla" and not attention:
-        g = F.logsigmoid(torch.randn(B, T, H, K, device=dev, generator=gen)) / 16
-    inputs = [x for x in (q, k, v, g) if x is not None]
-    for x in inputs:
-        x.requires_grad_(True)
-    return (q, k, v, g), inputs
+    gate = "gla" if setup["gla"].get("gate") == "gla" and not attention else "none"
+    q, k, v, g = bench.torch_inputs(B, T, H, K, V, gate, dtype, dev, seed=seed)  # q, k, v, then g: one generator
+    return (q, k, v, g), [x for x in (q, k, v, g) if x is not None]
 
 
 def measure(fn, args, leaves, on_gpu):

@@ -22,15 +22,9 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def make_inputs(B, T, H, K, V, gate, dtype=torch.bfloat16, seed=0):
-    """bf16 q, k, v with gates of the paper's strength (logsigmoid / 16), all requiring grad."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k = (torch.randn(B, T, H, K, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
-    v = torch.randn(B, T, H, V, device="cuda", dtype=dtype, generator=gen)
-    shape = {"gla": (B, T, H, K), "scalar": (B, T, H)}[gate]
-    g = F.logsigmoid(torch.randn(shape, device="cuda", generator=gen)) / 16
-    for x in (q, k, v, g):
-        x.requires_grad_(True)
-    return q, k, v, g
+    """bf16 q, k, v with gates of the paper's strength (logsigmoid / 16), all requiring grad, on the GPU
+    (:func:`gla_ref.bench.torch_inputs`)."""
+    return tuple(bench.torch_inputs(B, T, H, K, V, gate, dtype, "cuda", seed=seed))
 
 
 def candidates():

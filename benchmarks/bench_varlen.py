@@ -24,41 +24,17 @@ import pathlib
 import time
 
 from gla_ref import bench, device
+from gla_ref.bench.inputs import VARLEN_LENGTHS as LENGTHS, pad, unpad
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-LENGTHS = (7000, 300, 2048, 1, 4500, 64, 9000, 1234, 777, 3000, 4000, 845)
 SMOKE_LENGTHS = (37, 1, 16, 50)
 
 
 def make_packed(lengths, H, K, V, dtype, dev, seed=0):
-    """q, k, v, g of all sequences packed in one B = 1 batch, and their int64 offsets."""
-    import torch
-    import torch.nn.functional as F
-
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    T = sum(lengths)
-    q, k = (torch.randn(1, T, H, K, device=dev, dtype=dtype, generator=gen) for _ in range(2))
-    v = torch.randn(1, T, H, V, device=dev, dtype=dtype, generator=gen)
-    g = F.logsigmoid(torch.randn(1, T, H, K, device=dev, generator=gen)) / 16
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64, device=dev)
-    return (q, k, v, g), offsets
-
-
-def pad(x, lengths):
-    """``[1, ΣT, ...]`` packed → ``[N, max T, ...]``, zeros after each sequence's end (log-gate 0 there)."""
-    out = x.new_zeros(len(lengths), max(lengths), *x.shape[2:])
-    start = 0
-    for i, n in enumerate(lengths):
-        out[i, :n] = x[0, start:start + n]
-        start += n
-    return out
-
-
-def unpad(o, lengths):
-    """The padded run's outputs of the real tokens, packed again."""
-    import torch
-
-    return torch.cat([o[i, :n] for i, n in enumerate(lengths)])[None]
+    """q, k, v, g of all sequences packed in one B = 1 batch, and their int64 offsets
+    (:func:`gla_ref.bench.packed_inputs`, no gradients)."""
+    inputs, offsets = bench.packed_inputs(lengths, H, K, V, "gla", dtype, dev, seed=seed, requires_grad=False)
+    return tuple(inputs), offsets
 
 
 def candidates(offsets, lengths):

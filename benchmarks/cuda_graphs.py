@@ -28,11 +28,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from profile_chunk import make_step  # noqa: E402
-from speed_vs_fla import candidates, make_inputs, parse_shape  # noqa: E402
+from speed_vs_fla import candidates, parse_shape  # noqa: E402
 from speed_vs_fla import ratios as speed_ratios  # noqa: E402
 
 from gla_ref import bench  # noqa: E402
+from gla_ref.bench.profiling import make_step  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SETTING = {"B": 8, "H": 16, "dtype": "bfloat16"}
@@ -71,7 +71,7 @@ def run_point(K, V, T, runs, first: bool) -> list[dict]:
 
     rows = []
     for name, (gate, run) in runs.items():
-        inputs = make_inputs(SETTING["B"], T, SETTING["H"], K, V, gate, torch.bfloat16, "cuda")
+        inputs = bench.torch_inputs(SETTING["B"], T, SETTING["H"], K, V, gate, torch.bfloat16, "cuda")
         step = {part: make_step(run, inputs, forward=part == "fwd") for part in PASSES}
         row = {"K": K, "V": V, "T": T, "name": name}
         if first:

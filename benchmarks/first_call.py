@@ -65,25 +65,6 @@ def parse_ints(text: str) -> list[int]:
 
 # ----------------------------------------------------------------------------- inside the fresh process
 
-def autotuners() -> dict:
-    """Every autotuned kernel of ``gla_ref.triton``, by ``module.name``."""
-    import importlib
-    import pkgutil
-
-    import gla_ref.triton as package
-    from triton.runtime.autotuner import Autotuner
-
-    found = {}  # id → (label, autotuner), under the module that defines the kernel (others import it)
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        for name, obj in vars(module).items():
-            if isinstance(obj, Autotuner):
-                home = getattr(obj.fn, "module", None) or getattr(obj.fn, "__module__", None)
-                if home == module.__name__ or id(obj) not in found:
-                    found[id(obj)] = (f"{info.name}.{name}", obj)
-    return dict(sorted(found.values(), key=lambda pair: pair[0]))
-
-
 def _config(config) -> dict:
     """A triton.Config as plain JSON: its block sizes and launch options."""
     out = {"kwargs": dict(config.kwargs)}
@@ -115,7 +96,6 @@ def child(args) -> dict:
 
     bench.start_gpu_run(argparse.ArgumentParser(), smoke=True)
     import torch
-    import torch.nn.functional as F
 
     from gla_ref import triton as kernels
 
@@ -125,17 +105,14 @@ def child(args) -> dict:
     B, H, K, V = args.B, args.H, args.K, args.V
     fn = getattr(kernels, args.kernel)
     scalar_gate = args.kernel == "chunk_simple_gla"
+    from gla_ref.triton.autotuners import autotuners
+
     tuners = autotuners()
     import_s = time.perf_counter() - t_start  # torch, triton and every gla_ref.triton module
 
-    def inputs(T, seed):
-        gen = torch.Generator(device=dev).manual_seed(seed)
-        q, k = (torch.randn(B, T, H, K, device=dev, dtype=dtype, generator=gen) for _ in range(2))
-        v = torch.randn(B, T, H, V, device=dev, dtype=dtype, generator=gen)
-        g = F.logsigmoid(torch.randn(B, T, H, *(() if scalar_gate else (K,)), device=dev, generator=gen)) / 16
-        xs = [x.requires_grad_() for x in (q, k, v, g)]
-        do = torch.randn(B, T, H, V, device=dev, dtype=dtype, generator=gen)
-        return xs, do
+    def inputs(T, seed):  # q, k, v, g, then do, from one generator
+        return bench.torch_inputs(B, T, H, K, V, "scalar" if scalar_gate else "gla", dtype, dev, seed=seed,
+                                  cotangent=True)
 
     def call(T, seed):
         xs, do = inputs(T, seed)

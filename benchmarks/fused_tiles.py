@@ -27,10 +27,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from profile_chunk import kernel_times  # noqa: E402
-from speed_vs_fla import candidates, make_inputs, measure, parse_shape, ratios  # noqa: E402
+from speed_vs_fla import candidates, measure, parse_shape, ratios  # noqa: E402
 
 from gla_ref import bench  # noqa: E402
+from gla_ref.bench.profiling import kernel_times  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 B, H = 8, 16
@@ -82,7 +82,7 @@ def run_shape(K, V, Ts, with_fla: bool, done_T=lambda rows: None) -> list[dict]:
     fla = candidates(only_ours=not with_fla, only=["fla.chunk_gla"]).get("fla.chunk_gla")
     rows = []
     for i, T in enumerate(Ts):
-        inputs = make_inputs(B, T, H, K, V, "gla", torch.bfloat16, "cuda")
+        inputs = bench.torch_inputs(B, T, H, K, V, "gla", torch.bfloat16, "cuda")
         do = torch.randn_like(inputs[2])
         ref = None
         for name in TILINGS:

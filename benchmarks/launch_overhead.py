@@ -16,17 +16,13 @@ import argparse
 import json
 import os
 import pathlib
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from bench_triton import make_inputs  # noqa: E402
-from profile_chunk import host_times, make_step  # noqa: E402
-
-from gla_ref import bench  # noqa: E402
-from gla_ref.triton import chunk_gla  # noqa: E402
+from gla_ref import bench
+from gla_ref.bench.profiling import host_times, make_step
+from gla_ref.triton import chunk_gla
 from gla_ref.triton.common import launch_cache as _launch
 
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -58,9 +54,9 @@ def launch_row(inputs, n=2000):
     q, k, v, g = (x.detach() for x in inputs)
     B, T, H, K = q.shape
     scale = K ** -0.5
-    gc, qt, kt = chunk_gates_and_operands(q, k, g, scale, 64)
-    h, _ = chunk_state_fwd(kt, v, gc, None, False, 64, decayed=True)
-    A = chunk_intra_attention(q, k, gc, scale, 64)
+    b, qt, kt = chunk_gates_and_operands(q, k, g, scale, 64)
+    h, _ = chunk_state_fwd(kt, v, b, None, False, 64, decayed=True)
+    A = chunk_intra_attention(q, k, b, scale, 64)
     o = chunk_output(qt, v, h, A, 64)
     direct = dict(T=T, H=H, K=K, V=v.shape[-1], C=64, PREC="tf32", cu_seqlens=None, chunk_indices=None,
                   IS_VARLEN=False)
@@ -96,7 +92,7 @@ def main():
     path = args.out or RESULTS / f"launch_cache_{bench.slug(env['device'])}.json"
     rows = []
     for T in args.T:
-        inputs = make_inputs(B, T, H, K, V, "gla")
+        inputs = bench.torch_inputs(B, T, H, K, V, "gla", "bfloat16", "cuda")
         for step in (make_step(run, inputs), make_step(run, inputs, True)):  # tuning and compiling happen here
             step()
         for r in range(args.rounds):
@@ -108,7 +104,7 @@ def main():
                       f"{last['fwd_host']['wall_ms']:.3f} bench {last['fwd']['median_ms']:.3f} | fwd+bwd issue "
                       f"{last['fwd_bwd_host']['issue_ms']:.3f} wall {last['fwd_bwd_host']['wall_ms']:.3f} bench "
                       f"{last['fwd_bwd']['median_ms']:.3f} ms", flush=True)
-    launches = {"K": K, "V": V, "T": args.T[0], **launch_row(make_inputs(B, args.T[0], H, K, V, "gla"))}
+    launches = {"K": K, "V": V, "T": args.T[0], **launch_row(bench.torch_inputs(B, args.T[0], H, K, V, "gla", "bfloat16", "cuda"))}
     print("one launch:", {key: round(val, 1) for key, val in launches.items()})
     os.environ.pop(_launch.SWITCH)
     result = {"env": env, "shape": {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16"}, "rows": rows,

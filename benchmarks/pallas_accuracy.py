@@ -3,7 +3,7 @@
 ``python benchmarks/pallas_accuracy.py [--T 256 2048] [--out PATH]`` runs ``chunk_gla``, ``fused_chunk_gla`` and
 ``chunk_simple_gla`` (both paths, with a scalar gate and with a constant ``g_gamma``) on the GPU launcher with bf16 inputs (B=2, H=2, K=V=64, chunk 64, gates
 logsigmoid(x)/16, initial and final state) and records the relative RMSE of o, the final state and every gradient.
-The numbers come from the test suite's own checker (``tests/test_pallas.py``: ``check_variant``, the float64
+The numbers come from the test suite's own checker (``gla_ref.testing.pallas_cases``: ``check_variant``, the float64
 recurrence and the float32 chunk form as references, both on the kernel's own bf16 inputs and cotangents), so
 they are exactly what the tests hold to their bounds.
 Writes ``benchmarks/results/pallas_accuracy_<device>.json`` stamped by ``bench.environment()``.
@@ -34,7 +34,7 @@ def main(argv=None):
 
     if jax.default_backend() != "gpu":
         parser.error("this script measures the compiled GPU launcher and needs a GPU")
-    from test_pallas import check_variant
+    from gla_ref.testing.pallas_cases import check_variant
 
     rows = []
     for variant in VARIANTS:

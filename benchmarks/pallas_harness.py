@@ -6,7 +6,7 @@ Lives beside the script that uses it. Candidates are the Pallas kernels, the JAX
 
 from __future__ import annotations
 
-from gla_ref.bench import time_jax, time_wall
+from gla_ref.bench import jax_inputs, time_jax, time_wall
 
 
 PALLAS_BENCH = ("pallas chunk_gla", "pallas fused_chunk_gla", "pallas chunk_simple_gla g_gamma",
@@ -21,21 +21,8 @@ BENCH_MODES = ("fwd", "fwd+bwd")
 def _pallas_bench_inputs(B, T, H, K, V, dtype, gate):
     """Seeded q, k, v ~ N(0, 1) in ``dtype``, the output cotangent do, and the gates: log σ(N(0, 1))/16
     ``[B, T, H, K]`` for GLA (``gate="gla"``), ``[B, T, H]`` for a scalar gate per token (``"scalar"``), or the
-    ALiBi slopes of :mod:`gla_ref.reference.gates` as ``g_gamma [H]`` (``"const"``)."""
-    import jax
-    import jax.numpy as jnp
-
-    from gla_ref.reference import gates
-
-    dt = jnp.dtype(dtype)
-    keys = jax.random.split(jax.random.key(0), 5)
-    q, k = (jax.random.normal(key, (B, T, H, K), dt) for key in keys[:2])
-    v, do = (jax.random.normal(key, (B, T, H, V), dt) for key in keys[2:4])
-    if gate == "const":
-        g = jnp.asarray(gates.slopes_to_g_gamma(gates.build_slope_tensor(H)), jnp.float32)
-    else:
-        g = jax.nn.log_sigmoid(jax.random.normal(keys[4], (B, T, H) if gate == "scalar" else (B, T, H, K))) / 16
-    return q, k, v, g, do
+    ALiBi slopes of :mod:`gla_ref.reference.gates` as ``g_gamma [H]`` (``"const"``): :func:`gla_ref.bench.jax_inputs`."""
+    return jax_inputs(B, T, H, K, V, gate, dtype)
 
 
 def time_pallas_gla(name, mode, T, *, B=2, H=16, K=128, V=128, chunk_size=64, dtype="bfloat16",

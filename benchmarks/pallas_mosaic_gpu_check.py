@@ -14,7 +14,7 @@ Accuracy: every Pallas path (:data:`VARIANTS`: ``chunk_gla``, ``fused_chunk_gla`
 beside it, ``launcher="gpu"`` (the Pallas Triton backend), bf16 inputs, B=2, H=2, K=V=64, chunk 64, gates
 logsigmoid(x)/16, initial and final state, T = 256 and 2048: relative RMSE of o, the final state, dq, dk,
 dv, dg and dh0 against the float64 recurrence on the same bf16-rounded inputs (``check_variant`` of
-tests/test_pallas.py, the tests' own checker). float32 rows (``chunk_gla``): the Triton-backend launcher,
+tests/pallas/test_pallas.py, the tests' own checker). float32 rows (``chunk_gla``): the Triton-backend launcher,
 and the Mosaic GPU launcher's refusal (it takes bfloat16 only; its docstring says why). ``--smoke``:
 ``fused_chunk_gla`` in bf16 and ``chunk_gla`` in float32 only, at T=80.
 
@@ -69,7 +69,7 @@ def accuracy_rows(Ts, smoke: bool, variants=None):
     """One row per (launcher, variant, dtype, T): the relative RMSE of every tensor, or the error raised.
     ``variants``: the bf16 variants to check (default :data:`VARIANTS`, and ``chunk`` in float32 too)."""
     import jax.numpy as jnp
-    from test_pallas import check_variant
+    from gla_ref.testing.pallas_cases import check_variant
 
     from gla_ref.pallas import compat
 
@@ -98,7 +98,7 @@ def accuracy_rows(Ts, smoke: bool, variants=None):
 
 
 def _gate(name: str) -> str:
-    """The gate a timing case takes (:func:`pallas_harness._pallas_bench_inputs`'s ``gate``)."""
+    """The gate a timing case takes (:func:`gla_ref.bench.jax_inputs`'s ``gate``)."""
     if "g_gamma" in name:
         return "const"
     return "scalar" if "chunk_simple_gla g" in name else "gla"
@@ -107,13 +107,13 @@ def _gate(name: str) -> str:
 def _time_pallas(name, mode, T, K):
     import jax
     import jax.numpy as jnp
-    from pallas_harness import _pallas_bench_inputs
 
+    from gla_ref.bench import jax_inputs
     from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla
 
     p, launcher = TIMING, name.split()[-1]
     gate = _gate(name)
-    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], gate)
+    q, k, v, g, do = jax_inputs(p["B"], T, p["H"], K, K, gate, p["dtype"])
 
     def fn(q, k, v, g):
         kw = {"chunk_size": p["chunk"], "launcher": launcher, "interpret": False}
@@ -134,10 +134,12 @@ def _time_pallas(name, mode, T, K):
 
 
 def _time_triton(name, mode, T, K):
-    from pallas_harness import _pallas_bench_inputs, _time_triton_on
+    from pallas_harness import _time_triton_on
+
+    from gla_ref.bench import jax_inputs
 
     p = TIMING
-    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], _gate(name))
+    q, k, v, g, do = jax_inputs(p["B"], T, p["H"], K, K, _gate(name), p["dtype"])
     return _time_triton_on(name, mode, q, k, v, g, do, p["chunk"], p["warmup"], p["rep"], None)
 
 
@@ -174,19 +176,19 @@ def kernel_rows(T, K, rows, save, launchers=("mosaic_gpu", "gpu"), steps=KERNEL_
     :func:`gla_ref.pallas.chunk.output_states`), ``chunk_bwd`` on the backward's float32 states.
     Appends to ``rows``, calling ``save()`` after each; ``launchers`` and ``steps`` select the rows."""
     import jax
-    from pallas_harness import _pallas_bench_inputs
 
+    from gla_ref.bench import jax_inputs
     from gla_ref.pallas import chunk as pchunk
     from gla_ref.pallas.launchers import gpu, mosaic_gpu
 
     p = TIMING
-    q, k, v, g, do = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
+    q, k, v, g, do = jax_inputs(p["B"], T, p["H"], K, K, "gla", p["dtype"])
     b = _gates(g, T, K)
     C, scale = p["chunk"], K ** -0.5
     for name, L in (("mosaic_gpu", mosaic_gpu), ("gpu", gpu)):
         if name not in launchers:
             continue
-        kw = {"chunk": C, "interpret": False}
+        kw = {"chunk_size": C, "interpret": False}
         tokens = (q, k, v, do)
         if not getattr(L, "TOKEN_MAJOR", False):
             tokens = tuple(pchunk._to_kernel_layout(x, T, K) for x in tokens)
@@ -239,7 +241,7 @@ def _gates(g, T, K, interpret=False):
     cumulative gates ``b [B, H, T, K]``, float32 (by XLA's scan, or within :func:`gate_kernel` its gate-sum kernel)."""
     from gla_ref.pallas import chunk as pchunk
 
-    plan = pchunk.make_plan("mosaic_gpu", interpret, chunk=TIMING["chunk"], scale=None, K=K, fused=False,
+    plan = pchunk.make_plan("mosaic_gpu", interpret, chunk_size=TIMING["chunk"], scale=None, K=K, fused=False,
                             want_final=False)
     return pchunk._local_cumsum(pchunk._gate_layout(g, plan, T, K, per_key=True), plan)
 
@@ -251,13 +253,13 @@ def gate_kernel_check(T, K, interpret=False):
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from pallas_harness import _pallas_bench_inputs
 
+    from gla_ref.bench import jax_inputs
     from gla_ref.pallas.launchers.mosaic_gpu import gates as mosaic_gpu_gates
 
     p, C = TIMING, TIMING["chunk"]
-    _, _, _, g, _ = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
-    sums = jax.jit(functools.partial(mosaic_gpu_gates.gate_sums, chunk=C, interpret=interpret))
+    _, _, _, g, _ = jax_inputs(p["B"], T, p["H"], K, K, "gla", p["dtype"])
+    sums = jax.jit(functools.partial(mosaic_gpu_gates.gate_sums, chunk_size=C, interpret=interpret))
     B, H = g.shape[0], g.shape[2]
     exact = np.swapaxes(np.asarray(g, np.float64), 1, 2).reshape(B, H, T // C, C, K).cumsum(3).reshape(B, H, T, K)
     err = float(np.abs(np.asarray(sums(g), np.float64) - exact).max() / np.abs(exact).max())
@@ -279,10 +281,11 @@ def glue_rows(T, K, rows, save):
     the gate-sum kernel (:func:`gate_kernel`, the default), and the forward with each. Appends to ``rows``, calling
     ``save()`` after each."""
     import jax
-    from pallas_harness import _pallas_bench_inputs
+
+    from gla_ref.bench import jax_inputs
 
     p = TIMING
-    _, _, _, g, _ = _pallas_bench_inputs(p["B"], T, p["H"], K, K, p["dtype"], "gla")
+    _, _, _, g, _ = jax_inputs(p["B"], T, p["H"], K, K, "gla", p["dtype"])
 
     def gates():
         return bench.time_jax(jax.jit(functools.partial(_gates, T=T, K=K)), g, warmup=p["warmup"], rep=p["rep"])

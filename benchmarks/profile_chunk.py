@@ -17,17 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
-import time
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from bench_triton import make_inputs  # noqa: E402
-
-from gla_ref import bench  # noqa: E402
-from gla_ref.triton import chunk_gla, fused_chunk_gla  # noqa: E402
+from gla_ref import bench
+from gla_ref.bench.profiling import host_times, kernel_times, make_step  # noqa: F401  (the study's tools)
+from gla_ref.triton import chunk_gla, fused_chunk_gla
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -46,58 +39,6 @@ def implementations(only=None):
     except ImportError as err:
         print(f"FLA not available ({err}); profiling ours only")
     return {name: run for name, run in runs.items() if not only or name in only}
-
-
-def make_step(fn, inputs, forward=False):
-    """One forward+backward step of ``fn`` (a forward under ``torch.no_grad`` when ``forward``), returning what
-    it computed: o, or the inputs' gradients (reset to None first, so none is added into an old one, and a
-    step recorded in a CUDA graph allocates them in the graph's pool)."""
-    do = torch.randn_like(inputs[2])
-
-    def step():
-        if forward:
-            with torch.no_grad():
-                return fn(*inputs)
-        for x in inputs:
-            x.grad = None
-        fn(*inputs).backward(do)
-        return [x.grad for x in inputs]
-
-    return step
-
-
-def kernel_times(step, steps):
-    """Mean CUDA milliseconds per step of every kernel ``steps`` calls of ``step`` launch, and how many
-    CUDA operations (kernels, and any memset or copy) a step launches."""
-    for _ in range(5):  # warm-up: compilation and autotuning stay outside the recording
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    totals, launches = {}, 0
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] = totals.get(event.name, 0.0) + event.device_time / 1e3 / steps
-            launches += 1
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1])), launches / steps
-
-
-def host_times(step, steps, sync=torch.cuda.synchronize, clock=time.perf_counter):
-    """Milliseconds per step on the host's clock, outside the profiler: ``issue_ms``, the time to
-    launch ``steps`` steps back to back (read before the synchronisation), and ``wall_ms``, the time
-    until the GPU has finished them. With that queue the wall time is the slower of the two sides:
-    when it equals ``issue_ms`` the GPU waits for Python and Triton's launch path, not the reverse."""
-    step()
-    sync()
-    t0 = clock()
-    for _ in range(steps):
-        step()
-    t1 = clock()
-    sync()
-    t2 = clock()
-    return {"issue_ms": (t1 - t0) / steps * 1e3, "wall_ms": (t2 - t0) / steps * 1e3}
 
 
 def main():
@@ -119,7 +60,7 @@ def main():
     path = args.out or RESULTS / f"chunk_profile_{slug}.json"
     rows = []
     for T in args.T:
-        inputs = make_inputs(B, T, H, K, V, "gla")
+        inputs = bench.torch_inputs(B, T, H, K, V, "gla", "bfloat16", "cuda")
         for name, fn in implementations(args.only).items():
             step = make_step(fn, inputs, args.forward)
             kernels, launches = kernel_times(step, args.steps)

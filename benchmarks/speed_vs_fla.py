@@ -40,15 +40,9 @@ import collections
 import contextlib
 import fcntl
 import pathlib
-import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from first_call import autotuners  # noqa: E402
 
 from gla_ref import bench  # noqa: E402
 
@@ -60,12 +54,11 @@ OURS = ("chunk_gla", "fused_chunk_gla", "chunk_simple_gla")
 
 
 def parse_shape(text: str) -> tuple[int, int]:
-    """``"128x256"`` → ``(128, 256)``."""
+    """``"128x256"`` → ``(128, 256)`` (:func:`gla_ref.bench.parse_shape`, as argparse reads it)."""
     try:
-        K, V = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a shape is KxV, e.g. 128x256, got {text!r}") from None
-    return K, V
+        return bench.parse_shape(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def candidates(only_ours: bool, only=None):
@@ -96,20 +89,16 @@ def _all_candidates(only_ours: bool):
 
 
 def make_inputs(B, T, H, K, V, gate, dtype, dev, seed=0):
-    """q, k, v in ``dtype`` and float32 log-gates of the paper's strength (logsigmoid / 16), all leaves."""
-    import torch
-    import torch.nn.functional as F
-
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    q, k = (torch.randn(B, T, H, K, device=dev, dtype=dtype, generator=gen) for _ in range(2))
-    v = torch.randn(B, T, H, V, device=dev, dtype=dtype, generator=gen)
-    g = F.logsigmoid(torch.randn((B, T, H, K) if gate == "gla" else (B, T, H), device=dev, generator=gen)) / 16
-    return [x.requires_grad_(True) for x in (q, k, v, g)]
+    """q, k, v in ``dtype`` and float32 log-gates of the paper's strength (logsigmoid / 16), all leaves
+    (:func:`gla_ref.bench.torch_inputs`)."""
+    return bench.torch_inputs(B, T, H, K, V, gate, dtype, dev, seed=seed)
 
 
 def autotune_entries() -> int:
     """How many (kernel, key) pairs our Triton kernels have tuned so far in this process (each
-    autotuner of :func:`first_call.autotuners` once)."""
+    autotuner of :func:`gla_ref.triton.autotuners.autotuners` once)."""
+    from gla_ref.triton.autotuners import autotuners
+
     return sum(len(tuner.cache) for tuner in autotuners().values())
 
 

@@ -8,11 +8,11 @@ many programs share the GPU and its pipeline depth how many chunks' loads are in
 matmul runs. At B=8, H=16, bf16 q, k, v and float32 gates of the paper's strength, every config of
 :data:`CANDIDATES` (block, warps, pipeline stages) is timed for four launches:
 
-* ``fwd_decayed``: ``chunk_state_fwd_kernel`` as chunk_gla's forward runs it (K ⊙ Γ from step 1, one gc row a
+* ``fwd_decayed``: ``chunk_state_fwd_kernel`` as chunk_gla's forward runs it (K ⊙ Γ from step 1, one b row a
   chunk, states stored in bf16);
 * ``fwd_decayed_tma``: the same step written with tensor descriptors (``tma_state_kernel``, this file only):
   on Hopper its tiles of K ⊙ Γ and v arrive by TMA and its states leave by TMA stores;
-* ``fwd_fp32``: ``chunk_state_fwd_kernel`` as the backward recomputes the states (k and gc, float32 states);
+* ``fwd_fp32``: ``chunk_state_fwd_kernel`` as the backward recomputes the states (k and b, float32 states);
 * ``bwd``: ``chunk_state_bwd_kernel`` (dh, float32).
 
 Each launch goes through an autotuner over all the candidates whose block fits the head (the library's pruning);
@@ -26,14 +26,9 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from speed_vs_fla import make_inputs, parse_shape  # noqa: E402
 
 from gla_ref import bench  # noqa: E402
 from gla_ref.triton.chunk import state as chunk_state  # noqa: E402  (first: on a machine without CUDA it picks Triton's interpreter)
@@ -43,7 +38,8 @@ import triton.language as tl  # noqa: E402
 
 from gla_ref.triton.common.host import autotune, cdiv  # noqa: E402
 from gla_ref.triton.chunk.cumsum import chunk_gates_and_operands  # noqa: E402
-from gla_ref.triton.chunk.state import _decay, _precision  # noqa: E402
+from gla_ref.triton.chunk.state import _decay  # noqa: E402
+from gla_ref.triton.common.precision import dot_precision  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SETTING = {"B": 8, "H": 16, "dtype": "bfloat16", "chunk_size": 64}
@@ -90,7 +86,7 @@ def library_lists() -> dict:
 
 
 @triton.jit
-def tma_state_kernel(kt, v, gc, h, B, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+def tma_state_kernel(kt, v, b, h, B, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     """The forward's decayed state step on tensor descriptors. Grid ``(⌈K/BK⌉, ⌈V/BV⌉, B·H)``, ownership and HBM
     traffic as ``chunk_state_fwd_kernel``'s decayed path (fixed lengths, no initial or final state). The K ⊙ Γ
@@ -104,7 +100,7 @@ def tma_state_kernel(kt, v, gc, h, B, T, H: tl.constexpr, K: tl.constexpr, V: tl
     d_v = tl.make_tensor_descriptor(v, shape=[B, T, H, V], strides=[T * H * V, H * V, V, 1], block_shape=[1, C, 1, BV])
     d_h = tl.make_tensor_descriptor(h, shape=[B * H * NT, K, V], strides=[K * V, V, 1], block_shape=[1, BK, BV])
     o_k = i_k * BK + tl.arange(0, BK)
-    p_g = gc + i_b.to(tl.int64) * T * H * K + i_h * K + o_k
+    p_g = b + i_b.to(tl.int64) * T * H * K + i_h * K + o_k
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     for i_n in range(NT):
         d_h.store([i_bh * NT + i_n, i_k * BK, i_v * BV], b_h.to(h.dtype.element_ty).reshape(1, BK, BV))
@@ -121,14 +117,14 @@ def use_torch_allocator():
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=where))
 
 
-def tma_states(kernel, kt, v, gc, chunk_size: int):
+def tma_states(kernel, kt, v, b, chunk_size: int):
     """``h [B, H, NT, K, V]`` in kt's dtype from ``kernel`` (the TMA kernel, bare or autotuned), as
-    ``chunk_state_fwd(kt, v, gc, None, False, chunk_size, decayed=True)[0]`` computes it."""
+    ``chunk_state_fwd(kt, v, b, None, False, chunk_size, decayed=True)[0]`` computes it."""
     B, T, H, K = kt.shape
     V = v.shape[-1]
     h = torch.empty(B, H, cdiv(T, chunk_size), K, V, dtype=kt.dtype, device=kt.device)
     grid = lambda meta: (cdiv(K, meta["BK"]), cdiv(V, meta["BV"]), B * H)
-    kernel[grid](kt, v, gc, h, B, T, H=H, K=K, V=V, C=chunk_size, PREC=_precision(kt))
+    kernel[grid](kt, v, b, h, B, T, H=H, K=K, V=V, C=chunk_size, PREC=dot_precision(kt))
     return h
 
 
@@ -144,28 +140,28 @@ def tuners() -> dict:
 def launches(K, V, T, tuned):
     """``{launch: (swept call, the library's call)}`` at one point, on the same inputs."""
     B, H, C = SETTING["B"], SETTING["H"], SETTING["chunk_size"]
-    q, k, v, g = (x.detach() for x in make_inputs(B, T, H, K, V, "gla", torch.bfloat16, "cuda"))
-    gc, _, kt = chunk_gates_and_operands(q, k, g, K ** -0.5, C)
+    q, k, v, g = (x.detach() for x in bench.torch_inputs(B, T, H, K, V, "gla", torch.bfloat16, "cuda"))
+    b, _, kt = chunk_gates_and_operands(q, k, g, K ** -0.5, C)
     do = torch.randn_like(v)
     grid = lambda meta: (cdiv(K, meta["BK"]), cdiv(V, meta["BV"]), B * H)
-    fixed = dict(T=T, H=H, K=K, V=V, C=C, GATE_K=True, PREC=_precision(k), **chunk_state._varlen_kwargs(None))
+    fixed = dict(T=T, H=H, K=K, V=V, C=C, GATE_K=True, PREC=dot_precision(k), **chunk_state._varlen_kwargs(None))
 
     def states(kernel, keys, dtype, decayed):
         h = torch.empty(B, H, cdiv(T, C), K, V, dtype=dtype, device="cuda")
-        kernel[grid](keys, v, gc, None, h, None, DECAYED=decayed, USE_H0=False, STORE_HT=False, **fixed)
+        kernel[grid](keys, v, b, None, h, None, DECAYED=decayed, USE_H0=False, STORE_HT=False, **fixed)
         return h
 
     def dh():
         out = torch.empty(B, H, cdiv(T, C), K, V, dtype=torch.float32, device="cuda")
-        tuned["bwd"][grid](q, gc, do, None, out, None, scale=K ** -0.5, USE_DHT=False, STORE_DH0=False, **fixed)
+        tuned["bwd"][grid](q, b, do, None, out, None, scale=K ** -0.5, USE_DHT=False, STORE_DH0=False, **fixed)
         return out
 
-    lib_decayed = lambda: chunk_state.chunk_state_fwd(kt, v, gc, None, False, C, decayed=True)[0]
+    lib_decayed = lambda: chunk_state.chunk_state_fwd(kt, v, b, None, False, C, decayed=True)[0]
     return {"fwd_decayed": (lambda: states(tuned["fwd_decayed"], kt, k.dtype, True), lib_decayed),
-            "fwd_decayed_tma": (lambda: tma_states(tuned["fwd_decayed_tma"], kt, v, gc, C), lib_decayed),
+            "fwd_decayed_tma": (lambda: tma_states(tuned["fwd_decayed_tma"], kt, v, b, C), lib_decayed),
             "fwd_fp32": (lambda: states(tuned["fwd_fp32"], k, torch.float32, False),
-                         lambda: chunk_state.chunk_state_fwd(k, v, gc, None, False, C, states_in_fp32=True)[0]),
-            "bwd": (dh, lambda: chunk_state.chunk_state_bwd(q, gc, do, None, K ** -0.5, False, C)[0])}
+                         lambda: chunk_state.chunk_state_fwd(k, v, b, None, False, C, states_in_fp32=True)[0]),
+            "bwd": (dh, lambda: chunk_state.chunk_state_bwd(q, b, do, None, K ** -0.5, False, C)[0])}
 
 
 def run_point(K, V, T, tuned, now) -> list[dict]:
@@ -184,7 +180,7 @@ def run_point(K, V, T, tuned, now) -> list[dict]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", type=parse_shape, nargs="+", default=[(64, 64), (128, 128), (128, 256), (256, 512)])
+    parser.add_argument("--shapes", type=bench.parse_shape, nargs="+", default=[(64, 64), (128, 128), (128, 256), (256, 512)])
     parser.add_argument("--T", type=int, nargs="+", default=[2048, 16384])
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args(argv)

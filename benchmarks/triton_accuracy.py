@@ -5,7 +5,7 @@ every shape) writes ``benchmarks/results/triton_accuracy_<device>.json`` (or PAT
 GLA paper's heads and V = 1024, writes ``head_sizes_accuracy_<device>.json``) and prints one row per (kernel, dtype, shape):
 the relative RMSE of o, the final state and every gradient. Naming kernels re-measures those and keeps the
 stored rows of the others; separate ``--out`` files let several kernels run in parallel processes.
-The pass/fail bounds live in the tests (tests/test_triton_*.py); this script records the numbers.
+The pass/fail bounds live in the tests (tests/triton/test_triton_*.py); this script records the numbers.
 """
 
 from __future__ import annotations

@@ -46,21 +46,6 @@ def judge(row: dict, dtype: str) -> dict:
     return {**row, "status": "ok" if worst <= TOLERANCE[dtype] else "wrong", "max_error": worst}
 
 
-def autotuned() -> dict:
-    """Every autotuned kernel of gla_ref.triton by ``module.kernel`` name."""
-    import importlib
-    import pkgutil
-
-    import gla_ref.triton as package  # first: it selects the interpreter on a machine without CUDA
-    from triton.runtime.autotuner import Autotuner
-
-    found = {}
-    for module in pkgutil.iter_modules(package.__path__):
-        namespace = vars(importlib.import_module(f"{package.__name__}.{module.name}"))
-        found.update({f"{module.name}.{n}": obj for n, obj in namespace.items() if isinstance(obj, Autotuner)})
-    return found
-
-
 def describe(config) -> dict:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
@@ -74,7 +59,9 @@ def worker(kernel_name, dtype, shape, steps, pinned, index):
     import triton_accuracy as acc
     from gla_ref import device, torch_ref
 
-    tuned = autotuned()
+    from gla_ref.triton.autotuners import autotuners
+
+    tuned = autotuners()
     launched = []
     for name, kernel in tuned.items():
         kernel.configs = [kernel.configs[index if name == pinned else 0]]
@@ -117,7 +104,9 @@ def sweep(args) -> list:
     """A probe with every kernel at its first config finds the kernels launched; then one worker per config.
     If the probe faults, ``--only`` names the kernels to sweep (all of them may be launched)."""
     probe = run_worker(args)
-    tuned = autotuned()
+    from gla_ref.triton.autotuners import autotuners
+
+    tuned = autotuners()
     counts = {name: len(kernel.configs) for name, kernel in tuned.items()}
     configs = {name: [describe(c) for c in kernel.configs] for name, kernel in tuned.items()}
     if probe["status"] == "ok":

@@ -6,7 +6,7 @@
 A link is the project's when it is a Colab link to a notebook, a ``git+`` install line, the book's
 ``repository: url:``, or a GitHub link to the declared repository or to a file of this one. Each must
 name the declared owner and repository and the branch :data:`BRANCH`, and a file link must name a file
-or folder that exists. ``tests/test_repository.py`` runs the check in CI; ``gla_ref.runtime.repository_url``
+or folder that exists. ``tests/package/test_repository.py`` runs the check in CI; ``gla_ref.runtime.repository_url``
 reads the same declaration at run time.
 """
 

@@ -163,7 +163,7 @@ def check_inputs(q, k, v, g=None, initial_state=None, *, gate_ranks=(None, 1, 3,
         raise TypeError(f"q, k, v must share one dtype, got {dtype_name(q)}, {dtype_name(k)}, {dtype_name(v)}")
     if max_dim is not None and (K > max_dim or V > max_dim):
         raise ValueError(f"q/v head dims K={K}, V={V} must be at most {max_dim} for this kernel")
-    gate = _check_gate(g, B, T, H, K, gate_ranks)
+    gate = check_gate_shape(g, B, T, H, K, gate_ranks)
     N = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, T, B, dtypes=cu_seqlens_dtypes)
     if initial_state is not None:
         if tuple(initial_state.shape) != (N, H, K, V):
@@ -174,7 +174,11 @@ def check_inputs(q, k, v, g=None, initial_state=None, *, gate_ranks=(None, 1, 3,
     return Dims(B, T, H, K, V, gate)
 
 
-def _check_gate(g, B, T, H, K, gate_ranks) -> str:
+def check_gate_shape(g, B, T, H, K, gate_ranks) -> str:
+    """The log-gate ``g``'s rank among ``gate_ranks`` (None, 1, 3, 4), its shape for that rank (``[H]``,
+    ``[B, T, H]``, ``[B, T, H, K]``) and its floating dtype, else a ValueError or TypeError naming ``g``
+    and the shapes expected; returns the family its rank picks: ``"none"``, ``"const"``, ``"scalar"``
+    or ``"gla"``. Values are not read (:func:`check_gate_values` does that)."""
     shapes = {1: ("const", (H,)), 3: ("scalar", (B, T, H)), 4: ("gla", (B, T, H, K))}
     expected = " or ".join("None" if r is None else f"{list(shapes[r][1])}" for r in gate_ranks)
     if g is None:

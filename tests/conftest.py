@@ -1,17 +1,18 @@
-"""Shared pytest setup: Triton's interpreter switch, the tests folder on sys.path (for
-``recurrence64``) and a JAX x64 fixture."""
+"""Shared pytest setup: Triton's interpreter switch, JAX's memory allocation and a JAX x64 fixture.
+
+Helpers the tests share live in gla_ref.testing (the float64 ground truth, inputs, case tables), never in a
+test module: a test module imports no other module of tests/."""
 
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
 from gla_ref.device import has_triton, use_triton_interpreter
 
 # Without CUDA, Triton must be in interpreter mode before anything imports it (torch's FLOP
-# counter does, in tests/test_bench_models.py), or its library functions cannot be interpreted.
+# counter does, in tests/bench/test_bench_models.py), or its library functions cannot be interpreted.
 # `make jax-latest` runs the jax-only tests in an environment without torch and Triton.
 if has_triton():
     use_triton_interpreter()
@@ -19,7 +20,6 @@ if has_triton():
 # others then run out of memory (on the H200, 2026-11-28, 101 of 755 Triton tests failed that way under -n 8).
 # Allocating on demand instead changes nothing on a CPU; an explicit setting in the environment is kept.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture

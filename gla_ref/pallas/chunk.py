@@ -44,7 +44,7 @@ from gla_ref.pallas import compat
 from gla_ref.pallas.launchers import gpu, mosaic_gpu, tpu
 from gla_ref.pallas.launchers.mosaic_gpu import gates as mosaic_gpu_gates
 
-__all__ = ["chunk_gla"]
+__all__ = ["chunk_gla", "chunk_gla_bwd", "state_grad_pass", "state_pass"]
 
 KERNEL_DTYPES = ("float32", "bfloat16")
 LAUNCHERS = {"tpu": tpu, "gpu": gpu, "mosaic_gpu": mosaic_gpu}
@@ -55,7 +55,7 @@ class Plan(NamedTuple):
     """Static choices of one call: which launcher, interpreted or not, and the algorithm."""
     launcher: Any  # the module gla_ref.pallas.launchers.tpu, .gpu or .mosaic_gpu
     interpret: Any  # False, True, a pltpu.InterpretParams or a Mosaic GPU interpreter's params
-    chunk: int
+    chunk_size: int
     scale: float
     fused: bool
     want_final: bool
@@ -110,7 +110,7 @@ def check_values(**arrays):
             raise ValueError(f"{name} contains NaN or inf values")
 
 
-def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final, dtype=None,
+def make_plan(launcher, interpret, *, chunk_size, scale, K, fused, want_final, dtype=None,
               scalar_gate=False) -> Plan:
     """Pick the launcher and whether to interpret. ``launcher=None``: Mosaic on a TPU; on a Hopper GPU with a
     JAX that has Mosaic GPU, ``"mosaic_gpu"`` where it takes the call (bf16 ``dtype``, chunk 64, ``K ≤ 128``,
@@ -124,14 +124,14 @@ def make_plan(launcher, interpret, *, chunk, scale, K, fused, want_final, dtype=
     if launcher is None:
         launcher = "tpu" if platform == "tpu" else "gpu"
         if (launcher == "gpu" and dtype is not None and not scalar_gate
-                and mosaic_gpu.supported(dtype, K, chunk, fused) and compat.mosaic_gpu_runs_here()):
+                and mosaic_gpu.supported(dtype, K, chunk_size, fused) and compat.mosaic_gpu_runs_here()):
             launcher = "mosaic_gpu"
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be None, 'tpu', 'gpu' or 'mosaic_gpu', got {launcher!r}")
     if interpret is None:
         interpret = not compat.mosaic_gpu_runs_here() if launcher == "mosaic_gpu" else platform != launcher
     scale = float(K ** -0.5 if scale is None else scale)
-    return Plan(LAUNCHERS[launcher], interpret, chunk, scale, fused, want_final)
+    return Plan(LAUNCHERS[launcher], interpret, chunk_size, scale, fused, want_final)
 
 
 # ---------------------------------------------------------------- layout
@@ -162,8 +162,8 @@ def _swapped_if_token_major(x, plan):
     return jnp.swapaxes(x, 1, 2) if _token_major(plan) else x
 
 
-def _triangular_sum(x, C, upper, scan):
-    """Inclusive sums inside each chunk of ``C`` rows of ``x [B, H, T, D]`` (T a multiple of C): lower gives
+def _triangular_sum(x, chunk_size, upper, scan):
+    """Inclusive sums inside each chunk of ``chunk_size`` rows of ``x [B, H, T, D]`` (T a multiple of it): lower gives
     ``Σ_{s ≤ t}``, upper gives ``Σ_{s ≥ t}``. A NaN anywhere in a chunk makes every row of it NaN.
 
     ``scan`` (the Mosaic GPU launcher, :func:`_sums_by_scan`): an associative scan over the chunk's rows, then the
@@ -174,13 +174,13 @@ def _triangular_sum(x, C, upper, scan):
     (benchmarks/results/mosaic_glue_nvidia_h200.json: ``before`` and ``rows``).
     """
     B, H, T, D = x.shape
-    x = x.reshape(B, H, T // C, C, D)
+    x = x.reshape(B, H, T // chunk_size, chunk_size, D)
     if scan:
         out = lax.associative_scan(jnp.add, x, axis=3, reverse=upper)
         total = out[:, :, :, :1] if upper else out[:, :, :, -1:]
         out = out + 0.0 * total
     else:
-        ones = jnp.ones((C, C), jnp.float32)
+        ones = jnp.ones((chunk_size, chunk_size), jnp.float32)
         tri = jnp.triu(ones) if upper else jnp.tril(ones)
         out = jnp.einsum("ts,bhnsd->bhntd", tri, x, precision=HIGHEST)
     return out.reshape(B, H, T, D)
@@ -237,8 +237,8 @@ def _local_cumsum(g, plan):
     """
     kernel = _gate_kernel(plan, g.shape[-1])
     if kernel is not None:
-        return kernel(g, chunk=plan.chunk, interpret=plan.interpret)
-    return _triangular_sum(valid_gate(g), plan.chunk, upper=False, scan=_sums_by_scan(plan.launcher))
+        return kernel(g, chunk_size=plan.chunk_size, interpret=plan.interpret)
+    return _triangular_sum(valid_gate(g), plan.chunk_size, upper=False, scan=_sums_by_scan(plan.launcher))
 
 
 def valid_gate(g):
@@ -254,26 +254,39 @@ def run(q, k, v, g, initial_state, plan: Plan):
     T, K, V = q.shape[1], q.shape[3], v.shape[3]
     check = getattr(plan.launcher, "check_call", None)  # what a launcher cannot do yet, before any kernel
     if check is not None:
-        check(q, g, plan.chunk, fused=plan.fused)
+        check(q, g, plan.chunk_size, fused=plan.fused)
+    o, ht = _kernels(plan)(*_layouts(q, k, v, g, initial_state, plan))
+    o = o[:, :T, :, :V] if _token_major(plan) else jnp.swapaxes(o[:, :, :T, :V], 1, 2)
+    return o, (_api_state(ht, K, V) if plan.want_final else None)
+
+
+def _layouts(q, k, v, g, initial_state, plan):
+    """q, k, v, g and the initial state as the plan's kernels read them (padded; states ``[B, H, V, K]``, float32).
+    q, k or the initial state may be None (a piece that does not read it); v may be dO (same layout)."""
+    x = q if k is None else k
+    T, K, V = x.shape[1], x.shape[3], v.shape[3]
     K_pad, V_pad = plan.launcher.padded_dims(K, V)
-    T_pad = -(-T // plan.chunk) * plan.chunk
+    T_pad = -(-T // plan.chunk_size) * plan.chunk_size
     layout = _padded_tokens if _token_major(plan) else _to_kernel_layout
-    qp, kp = (layout(x, T_pad, K_pad) for x in (q, k))
+    qp, kp = (None if x is None else layout(x, T_pad, K_pad) for x in (q, k))
     vp = layout(v, T_pad, V_pad)
     gp = _gate_layout(g, plan, T_pad, K_pad, per_key=g.shape[-1] == K)
     h0 = None
     if initial_state is not None:  # kernels hold states transposed: [B, H, V, K]
         h0 = jnp.swapaxes(initial_state.astype(jnp.float32), 2, 3)
         h0 = jnp.pad(h0, ((0, 0), (0, 0), (0, V_pad - V), (0, K_pad - K)))
-    o, ht = _kernels(plan)(qp, kp, vp, gp, h0)
-    o = o[:, :T, :, :V] if _token_major(plan) else jnp.swapaxes(o[:, :, :T, :V], 1, 2)
-    return o, (jnp.swapaxes(ht[:, :, :V, :K], 2, 3) if plan.want_final else None)
+    return qp, kp, vp, gp, h0
+
+
+def _api_state(state, K, V):
+    """A state ``[B, H, V_pad, K_pad]`` from the kernels as the API's ``[B, H, K, V]``."""
+    return jnp.swapaxes(state[:, :, :V, :K], 2, 3)
 
 
 # ---------------------------------------------------------------- the custom VJP around the kernels
 
 def _forward(plan: Plan, q, k, v, b, h0):
-    L, kw = plan.launcher, {"chunk": plan.chunk, "interpret": plan.interpret}
+    L, kw = plan.launcher, {"chunk_size": plan.chunk_size, "interpret": plan.interpret}
     if plan.fused:
         return L.fused_fwd(q, k, v, b, h0, scale=plan.scale, want_final=plan.want_final, **kw)
     h, ht = L.state_fwd(k, v, b, h0, want_final=plan.want_final, **kw, **output_states(L, q.dtype))
@@ -289,18 +302,18 @@ def output_states(launcher, dtype) -> dict:
 
 
 def _backward(plan: Plan, q, k, v, b, h0, do, dht):
-    L, kw = plan.launcher, {"chunk": plan.chunk, "scale": plan.scale, "interpret": plan.interpret}
+    L, kw = plan.launcher, {"chunk_size": plan.chunk_size, "scale": plan.scale, "interpret": plan.interpret}
     want_dh0 = h0 is not None
     if plan.fused:
         dq, dk, dv, dh0, *rows = L.fused_bwd(q, k, v, b, do, h0, dht, want_dh0=want_dh0, **kw)
         return dq, dk, dv, dh0, tuple(r.sum(2)[:, :, :, 0] for r in rows)  # a, c, e: [B, H, N, Kg]
-    h, _ = L.state_fwd(k, v, b, h0, chunk=plan.chunk, want_final=False, interpret=plan.interpret)
+    h, _ = L.state_fwd(k, v, b, h0, chunk_size=plan.chunk_size, want_final=False, interpret=plan.interpret)
     dso, dh0 = L.state_bwd(q, b, do, dht, want_dh0=want_dh0, **kw)
     dq, dk, dv, dg = L.chunk_bwd(q, k, v, b, do, h, dso, **kw)
     return dq, dk, dv, dh0, dg.sum(2)
 
 
-def _fused_gate_grad(q, k, dq, dk, g, ht, dht, C, a, c, e, scan):
+def _fused_gate_grad(q, k, dq, dk, g, ht, dht, chunk_size, a, c, e, scan):
     """The fused path's gate gradient, chunk-local like :func:`chunk_math.chunk_gate_grad`:
     ``dg_t = Σ_{s ≥ t in t's chunk} (q_s ⊙ dq_s − k_s ⊙ dk_s) + dγ`` with ``dγ = F_out + e``, where
     ``F_out = Σ_v S ⊙ dS`` at the chunk's end is ``Σ_v S_T ⊙ dS_T`` plus the later chunks' ``a − c``
@@ -309,13 +322,13 @@ def _fused_gate_grad(q, k, dq, dk, g, ht, dht, C, a, c, e, scan):
     if g.shape[-1] == 1:  # a scalar gate scales every key column alike
         dlogb = dlogb.sum(-1, keepdims=True)
     B, H, T, Kg = dlogb.shape
-    N = T // C
+    N = T // chunk_size
     later = jnp.triu(jnp.ones((N, N), jnp.float32), 1)  # chunk m gets the terms of chunks n > m
     F = jnp.einsum("mn,bhnd->bhmd", later, a - c, precision=HIGHEST) + e
     if dht is not None:
         final = (ht * dht).sum(-2)  # states are [B, H, V, K]: sum over V
         F = F + (final.sum(-1, keepdims=True) if Kg == 1 else final)[:, :, None, :]
-    within = _triangular_sum(dlogb, C, upper=True, scan=scan).reshape(B, H, N, C, Kg)
+    within = _triangular_sum(dlogb, chunk_size, upper=True, scan=scan).reshape(B, H, N, chunk_size, Kg)
     return (within + F[:, :, :, None, :]).reshape(B, H, T, Kg)
 
 
@@ -326,7 +339,7 @@ def checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size
     check_head_dims(dims.K, dims.V)
     scale, chunk_size, output_final_state = check_options(q, k, v, scale, chunk_size, output_final_state)
     check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
-    plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=fused,
+    plan = make_plan(launcher, interpret, chunk_size=chunk_size, scale=scale, K=dims.K, fused=fused,
                      want_final=output_final_state, dtype=q.dtype)
     return run(q, k, v, g, initial_state, plan)
 
@@ -341,21 +354,24 @@ def _kernels(plan: Plan):
         return (o, ht), (q, k, v, g, h0, ht)
 
     def f_bwd(res, cotangents):
-        q, k, v, g, h0, ht = res
-        do, dht = cotangents
-        do = do.astype(q.dtype)
-        dq, dk, dv, dh0, dg = _backward(plan, q, k, v, _local_cumsum(g, plan), h0, do, dht)
-        dq, dk = dq.sum(2), dk.sum(2)  # partials of the value blocks, [B, H, T, K]
-        if plan.fused:  # no state beside its gradient in one kernel: the chunk-local form from a, c
-            qh, kh = (_swapped_if_token_major(x, plan) for x in (q, k))  # [B, H, T, K], as dq and dk
-            dg = _fused_gate_grad(qh, kh, dq, dk, g, ht, dht, plan.chunk, *dg, scan=_sums_by_scan(plan.launcher))
-        dq, dk = (_swapped_if_token_major(x, plan) for x in (dq, dk))  # in q's and k's layout
-        if _gate_kernel(plan, g.shape[-1]) is not None:  # g came in the API's layout and dtype
-            dg = jnp.swapaxes(dg, 1, 2).astype(g.dtype)
-        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dh0
+        return _kernel_grads(plan, *res, *cotangents)
 
     f.defvjp(f_fwd, f_bwd)
     return f
+
+
+def _kernel_grads(plan: Plan, q, k, v, g, h0, ht, do, dht):
+    """The custom VJP's backward, in the kernels' layout: ``(dq, dk, dv, dg, dh0)``."""
+    do = do.astype(q.dtype)
+    dq, dk, dv, dh0, dg = _backward(plan, q, k, v, _local_cumsum(g, plan), h0, do, dht)
+    dq, dk = dq.sum(2), dk.sum(2)  # partials of the value blocks, [B, H, T, K]
+    if plan.fused:  # no state beside its gradient in one kernel: the chunk-local form from a, c
+        qh, kh = (_swapped_if_token_major(x, plan) for x in (q, k))  # [B, H, T, K], as dq and dk
+        dg = _fused_gate_grad(qh, kh, dq, dk, g, ht, dht, plan.chunk_size, *dg, scan=_sums_by_scan(plan.launcher))
+    dq, dk = (_swapped_if_token_major(x, plan) for x in (dq, dk))  # in q's and k's layout
+    if _gate_kernel(plan, g.shape[-1]) is not None:  # g came in the API's layout and dtype
+        dg = jnp.swapaxes(dg, 1, 2).astype(g.dtype)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dh0
 
 
 # ---------------------------------------------------------------- public
@@ -385,3 +401,55 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
     """
     return checked_run(q, k, v, g, scale, initial_state, output_final_state, chunk_size, launcher,
                        interpret, fused=False)
+
+
+# ---------------------------------------------------------------- pieces, for a caller that writes its own backward
+
+def _piece_plan(like, v, g, initial_state, scale, chunk_size, launcher, interpret):
+    """Check a piece's arguments (``like`` stands for q and k: ``[B, T, H, K]``) and plan it (non-fused)."""
+    dims = check_inputs(like, like, v, g, initial_state, gate_ranks=(4,))
+    check_head_dims(dims.K, dims.V)
+    scale, chunk_size, _ = check_options(like, like, v, scale, chunk_size, False)
+    plan = make_plan(launcher, interpret, chunk_size=chunk_size, scale=scale, K=dims.K, fused=False,
+                     want_final=True, dtype=like.dtype)
+    check = getattr(plan.launcher, "check_call", None)
+    if check is not None:
+        check(like, g, plan.chunk_size, fused=False)
+    return plan
+
+
+def state_pass(k, v, g, *, initial_state=None, chunk_size=64, launcher=None, interpret=None):
+    """The final state ``[B, H, K, V]`` (float32) of :func:`chunk_gla` without its output: the gate sums and the
+    state kernel only (forward step 2 of the module docstring). Arguments as :func:`chunk_gla`'s. Not
+    differentiable: a piece for a caller that writes its backward itself (:mod:`gla_ref.sequence_parallel.jax`,
+    the state a device's slice builds from zero)."""
+    plan = _piece_plan(k, v, g, initial_state, None, chunk_size, launcher, interpret)
+    _, kp, vp, gp, h0 = _layouts(None, k, v, g, initial_state, plan)
+    L = plan.launcher
+    _, ht = L.state_fwd(kp, vp, _local_cumsum(gp, plan), h0, chunk_size=plan.chunk_size, want_final=True,
+                        interpret=plan.interpret, **output_states(L, k.dtype))
+    return _api_state(ht, k.shape[3], v.shape[3])
+
+
+def state_grad_pass(q, g, do, *, final_state_grad=None, scale=None, chunk_size=64, launcher=None, interpret=None):
+    """The gradient ``[B, H, K, V]`` (float32) of the initial state for the cotangents ``do`` of o and
+    ``final_state_grad`` of the final state (None: zero), without any other gradient: the reverse state kernel
+    only (backward step 3). Not differentiable, like :func:`state_pass`."""
+    plan = _piece_plan(q, do, g, final_state_grad, scale, chunk_size, launcher, interpret)
+    qp, _, dop, gp, dht = _layouts(q, None, do.astype(q.dtype), g, final_state_grad, plan)
+    _, dh0 = plan.launcher.state_bwd(qp, _local_cumsum(gp, plan), dop, dht, chunk_size=plan.chunk_size,
+                                     scale=plan.scale, want_dh0=True, interpret=plan.interpret)
+    return _api_state(dh0, q.shape[3], do.shape[3])
+
+
+def chunk_gla_bwd(q, k, v, g, do, *, scale=None, initial_state=None, final_state_grad=None, chunk_size=64,
+                  launcher=None, interpret=None):
+    """``(dq, dk, dv, dg, dh0)`` of :func:`chunk_gla` for the cotangents ``do`` of o and ``final_state_grad``
+    of the final state (None: zero), without running its forward: the custom VJP's backward kernels alone, laid
+    out as :func:`chunk_gla` lays them out. dh0 is None without an initial state. Arguments as :func:`chunk_gla`'s."""
+    plan = _piece_plan(q, v, g, initial_state, scale, chunk_size, launcher, interpret)
+    args, back = jax.vjp(lambda *a: _layouts(*a, plan), q, k, v, g, initial_state)
+    dop = _layouts(None, k, do, g, None, plan)[2]
+    dht = None if final_state_grad is None else _layouts(None, k, do, g, final_state_grad, plan)[4]
+    grads = _kernel_grads(plan, *args, None, dop, dht)
+    return back(grads)

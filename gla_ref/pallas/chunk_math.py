@@ -26,8 +26,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from gla_ref import specs
+
 F32 = jnp.float32
-SUB = 16
+SUB = specs.PALLAS_SUB_CHUNK
 """Sub-chunk length ``c``: the tile of the two-level intra-chunk scores (16 = Triton's smallest dot)."""
 
 

@@ -57,7 +57,7 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
     scale, chunk_size, output_final_state = check_options(q, k, v, scale, chunk_size, output_final_state)
     check_values(q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=initial_state)
     fused = mode == "fused" or (mode == "auto" and initial_state is None and not output_final_state)
-    plan = make_plan(launcher, interpret, chunk=chunk_size, scale=scale, K=dims.K, fused=fused,
+    plan = make_plan(launcher, interpret, chunk_size=chunk_size, scale=scale, K=dims.K, fused=fused,
                      want_final=output_final_state, dtype=q.dtype, scalar_gate=True)
     return run(q, k, v, _scalar_gate(g, g_gamma, dims)[..., None], initial_state, plan)
 

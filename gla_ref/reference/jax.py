@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from gla_ref._validate import (_check_gate, check_chunk_sizes, check_flag, check_gate_values, invalid_gates_to_nan,
-                               check_inputs, check_scale, packed_layout)
+from gla_ref._validate import (check_chunk_sizes, check_flag, check_gate_shape, check_gate_values,
+                               check_inputs, check_scale, invalid_gates_to_nan, packed_layout)
 
 __all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level", "expand_gate"]
 
@@ -45,7 +45,7 @@ def _t(x):
 
 def expand_gate(g, B, T, H, K, *, dtype=jnp.float32):
     """The log-gate as ``[B, T, H, K]`` for any accepted rank of g (zeros for None)."""
-    _check_gate(g, B, T, H, K, (None, 1, 3, 4))
+    check_gate_shape(g, B, T, H, K, (None, 1, 3, 4))
     if g is None:
         return jnp.zeros((B, T, H, K), dtype)
     if g.ndim == 1:  # [H]: one constant decay per head
@@ -62,7 +62,7 @@ def _concrete(x):
     return None if x is None else np.asarray(x)
 
 
-def _check_values(**arrays):
+def check_input_values(**arrays):
     """NaN/inf in any input is a ValueError naming the argument; the log-gate ``g`` must be finite
     and ≤ 0 (:func:`gla_ref._validate.check_gate_values`: the message names its first bad position).
     Skipped for values that jit/vmap traces (no value to read)."""
@@ -73,7 +73,7 @@ def _check_values(**arrays):
             raise ValueError(f"{name} contains NaN or inf values")
 
 
-def _check_sub_chunk_size(chunk_size, sub_chunk_size):
+def check_sub_chunk_size(chunk_size, sub_chunk_size):
     """Like check_chunk_sizes, where None is not allowed for the sub-chunk."""
     if sub_chunk_size is None:
         raise ValueError("sub_chunk_size must be a positive int, got None")
@@ -91,14 +91,14 @@ def _check_matmul_dtype(matmul_dtype):
         raise TypeError(f"matmul_dtype must be None or a floating dtype, got {matmul_dtype!r}")
 
 
-def _checked(q, k, v, g, scale, initial_state, cu_seqlens=None):
+def checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens=None):
     """Validate the inputs; return ``((q, k, v, g, h0, scale), offsets)``: g as ``[B, T, H, K]``,
     h0 zeros ``[N, H, K, V]`` where no initial state is given, the default scale filled in, and
     the offsets of cu_seqlens as a list (None without it)."""
     dims = check_inputs(q, k, v, g, initial_state, cu_seqlens=cu_seqlens,
                         cu_seqlens_dtypes=("int32", "int64"))
     scale = check_scale(scale, dims.K)
-    _check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    check_input_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
     if g is not None and _concrete(g) is None:  # traced by jit: unchecked, so an invalid gate gives NaN
         g = invalid_gates_to_nan(g, jnp.where)
     g = expand_gate(g, dims.B, dims.T, dims.H, dims.K)
@@ -128,14 +128,14 @@ def _unpack(x, gather):
     return padded[0, gather]
 
 
-def _to_math(q, k, v, g, h0, scale):
+def to_math_layout(q, k, v, g, h0, scale):
     """q·scale, k, v, g heads first (``[B, H, T, D]``) and h0, all in the math dtype (float32/float64)."""
     dt = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
     q, k, v, g = (jnp.swapaxes(x.astype(dt), 1, 2) for x in (q, k, v, g))
     return q * scale, k, v, g, h0.astype(dt)
 
 
-def _chunked(C, *xs):
+def split_chunks(C, *xs):
     """``[B, H, T, D]`` → ``[B, H, N, C, D]``, T padded with zeros to N·C (zero log-gate = no decay)."""
     T = xs[0].shape[2]
     pad = -T % C
@@ -143,15 +143,16 @@ def _chunked(C, *xs):
             for x in xs]
 
 
-def _output(o, T, dtype):
+def to_output_layout(o, T, dtype):
     """``[B, H, T', V]`` or ``[B, H, N, C, V]`` → ``[B, T, H, V]`` in q's dtype (padding dropped)."""
     B, H, V = o.shape[0], o.shape[1], o.shape[-1]
     o = o.reshape(B, H, -1, V)[:, :, :T]
     return jnp.swapaxes(o, 1, 2).astype(dtype)
 
 
-def _lowp(x, dtype):
-    """Round a matmul operand to ``dtype`` (fp16/bf16 tensor cores); the product accumulates in fp32."""
+def _round_to(x, dtype):
+    """A matmul operand rounded to ``dtype`` and back (a round trip: x keeps its dtype, not the precision
+    ``dtype`` lacks), as fp16/bf16 tensor cores read it; the product accumulates in fp32. None: x as it is."""
     return x if dtype is None else x.astype(dtype).astype(x.dtype)
 
 
@@ -184,7 +185,7 @@ def _advance_state(S, k, v, b):
     return _t(jnp.exp(b_last)) * S + S_new
 
 
-def _scan_chunks(q, k, v, b, h0):
+def scan_chunks(q, k, v, b, h0):
     """Inter-chunk part: each chunk's queries read the state entering it; returns (o_inter, S_N)."""
     def step(S, chunk):
         q_n, k_n, v_n, b_n = chunk
@@ -194,7 +195,7 @@ def _scan_chunks(q, k, v, b, h0):
     return jnp.moveaxis(outs, 0, 2), S
 
 
-def _two_level_scores(q, k, b, c, matmul_dtype):
+def two_level_scores(q, k, b, c, matmul_dtype):
     """The intra-chunk matrix P ``[..., C, C]`` from sub-chunks of size c (Fig. 3).
 
     Diagonal blocks: Eq. 4 in full precision. Block (s, u), u < s: a matmul of
@@ -211,7 +212,7 @@ def _two_level_scores(q, k, b, c, matmul_dtype):
     earlier = jnp.tril(jnp.ones((Ns, Ns), dtype=bool), -1)  # [s, u]: u < s
     diff = r[..., :, None, :, :] - bs[..., None, :, :, :]  # [L, s, u, c, K]
     k_hat = ks[..., None, :, :, :] * jnp.exp(jnp.where(earlier[:, :, None, None], diff, -jnp.inf))
-    P_off = _mm(_lowp(q_hat, matmul_dtype)[..., :, None, :, :], _t(_lowp(k_hat, matmul_dtype)))
+    P_off = _mm(_round_to(q_hat, matmul_dtype)[..., :, None, :, :], _t(_round_to(k_hat, matmul_dtype)))
     diagonal = jnp.eye(Ns, dtype=bool)[:, :, None, None]
     P = jnp.where(diagonal, P_diag[..., :, None, :, :], P_off)  # [L, s, u, c(i), c(j)]
     return jnp.swapaxes(P, -3, -2).reshape(*lead, C, C)
@@ -259,14 +260,14 @@ def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fin
         gate (NaN, > 0, -inf).
     """
     check_flag("output_final_state", output_final_state)
-    o, S = _run(_recurrent_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens))
+    o, S = _run(_recurrent_gla, *checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens))
     return o, (S if output_final_state else None)
 
 
 @partial(jax.jit, static_argnames=("scale",))
 def _recurrent_gla(q, k, v, g, h0, scale):
     dtype, T = q.dtype, q.shape[1]
-    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
+    q, k, v, g, h0 = to_math_layout(q, k, v, g, h0, scale)
 
     def step(S, token):
         q_t, k_t, v_t, g_t = token
@@ -275,7 +276,7 @@ def _recurrent_gla(q, k, v, g, h0, scale):
 
     S, outs = lax.scan(step, h0, tuple(jnp.moveaxis(x, 2, 0) for x in (q, k, v, g)))
     o = jnp.moveaxis(outs, 0, 2)
-    return _output(o, T, dtype), S
+    return to_output_layout(o, T, dtype), S
 
 
 def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
@@ -298,17 +299,17 @@ def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fina
         in the math dtype, or None unless output_final_state. Differentiable in every input.
     """
     check_flag("output_final_state", output_final_state)
-    o, S = _run(_parallel_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens))
+    o, S = _run(_parallel_gla, *checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens))
     return o, (S if output_final_state else None)
 
 
 @partial(jax.jit, static_argnames=("scale",))
 def _parallel_gla(q, k, v, g, h0, scale):
     dtype, T = q.dtype, q.shape[1]
-    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
+    q, k, v, g, h0 = to_math_layout(q, k, v, g, h0, scale)
     b = jnp.cumsum(g, 2)
     o = _mm(_decay_scores(q, k, b, b, _causal(T)), v) + _state_output(q, b, h0)
-    return _output(o, T, dtype), _advance_state(h0, k, v, b)
+    return to_output_layout(o, T, dtype), _advance_state(h0, k, v, b)
 
 
 def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
@@ -337,7 +338,7 @@ def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_s
     """
     check_chunk_sizes(chunk_size)
     check_flag("output_final_state", output_final_state)
-    o, S = _run(_chunk_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens),
+    o, S = _run(_chunk_gla, *checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens),
                 chunk_size=int(chunk_size))
     return o, (S if output_final_state else None)
 
@@ -345,12 +346,12 @@ def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_s
 @partial(jax.jit, static_argnames=("scale", "chunk_size"))
 def _chunk_gla(q, k, v, g, h0, scale, *, chunk_size):
     dtype, T = q.dtype, q.shape[1]
-    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
-    q, k, v, g = _chunked(chunk_size, q, k, v, g)
+    q, k, v, g, h0 = to_math_layout(q, k, v, g, h0, scale)
+    q, k, v, g = split_chunks(chunk_size, q, k, v, g)
     b = jnp.cumsum(g, -2)  # cumulative log-gate from the chunk start
     o_intra = _mm(_decay_scores(q, k, b, b, _causal(chunk_size)), v)
-    o_inter, S = _scan_chunks(q, k, v, b, h0)
-    return _output(o_intra + o_inter, T, dtype), S
+    o_inter, S = scan_chunks(q, k, v, b, h0)
+    return to_output_layout(o_intra + o_inter, T, dtype), S
 
 
 def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
@@ -376,10 +377,10 @@ def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, outp
         ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B or N, H, K, V]``
         in the math dtype, or None unless output_final_state. Differentiable in every input.
     """
-    _check_sub_chunk_size(chunk_size, sub_chunk_size)
+    check_sub_chunk_size(chunk_size, sub_chunk_size)
     _check_matmul_dtype(matmul_dtype)
     check_flag("output_final_state", output_final_state)
-    o, S = _run(_chunk_gla_two_level, *_checked(q, k, v, g, scale, initial_state, cu_seqlens),
+    o, S = _run(_chunk_gla_two_level, *checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens),
                 chunk_size=int(chunk_size), sub_chunk_size=int(sub_chunk_size),
                 matmul_dtype=None if matmul_dtype is None else jnp.dtype(matmul_dtype))
     return o, (S if output_final_state else None)
@@ -388,9 +389,9 @@ def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, outp
 @partial(jax.jit, static_argnames=("scale", "chunk_size", "sub_chunk_size", "matmul_dtype"))
 def _chunk_gla_two_level(q, k, v, g, h0, scale, *, chunk_size, sub_chunk_size, matmul_dtype):
     dtype, T = q.dtype, q.shape[1]
-    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
-    q, k, v, g = _chunked(chunk_size, q, k, v, g)
+    q, k, v, g, h0 = to_math_layout(q, k, v, g, h0, scale)
+    q, k, v, g = split_chunks(chunk_size, q, k, v, g)
     b = jnp.cumsum(g, -2)
-    o_intra = _mm(_two_level_scores(q, k, b, sub_chunk_size, matmul_dtype), v)
-    o_inter, S = _scan_chunks(q, k, v, b, h0)
-    return _output(o_intra + o_inter, T, dtype), S
+    o_intra = _mm(two_level_scores(q, k, b, sub_chunk_size, matmul_dtype), v)
+    o_inter, S = scan_chunks(q, k, v, b, h0)
+    return to_output_layout(o_intra + o_inter, T, dtype), S

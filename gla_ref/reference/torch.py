@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gla_ref._validate import (_check_gate, check_chunk_sizes, check_flag, check_gate_values,
+from gla_ref._validate import (check_chunk_sizes, check_flag, check_gate_shape, check_gate_values,
                                check_inputs, check_scale, packed_layout)
 
 __all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level",
@@ -36,7 +36,7 @@ __all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level",
 
 def expand_gate(g, B, T, H, K, *, dtype=torch.float32, device=None):
     """The log-gate as ``[B, T, H, K]`` for any accepted rank of g (zeros for None)."""
-    _check_gate(g, B, T, H, K, (None, 1, 3, 4))
+    check_gate_shape(g, B, T, H, K, (None, 1, 3, 4))
     if g is None:
         return torch.zeros(B, T, H, K, dtype=dtype, device=device)
     if g.ndim == 1:  # [H]: one constant decay per head
@@ -46,7 +46,7 @@ def expand_gate(g, B, T, H, K, *, dtype=torch.float32, device=None):
     return g
 
 
-def _check_values(**tensors):
+def check_input_values(**tensors):
     """NaN/inf in any input is a ValueError naming the argument; the log-gate ``g`` must be finite
     and ≤ 0 (:func:`gla_ref._validate.check_gate_values`: the message names its first bad position)."""
     check_gate_values("g", tensors.get("g"))
@@ -55,7 +55,7 @@ def _check_values(**tensors):
             raise ValueError(f"{name} contains NaN or inf values")
 
 
-def _check_sub_chunk_size(chunk_size, sub_chunk_size):
+def check_sub_chunk_size(chunk_size, sub_chunk_size):
     """Like check_chunk_sizes, where None is not allowed for the sub-chunk."""
     if sub_chunk_size is None:
         raise ValueError("sub_chunk_size must be a positive int, got None")
@@ -68,13 +68,13 @@ def _check_matmul_dtype(matmul_dtype):
         raise TypeError(f"matmul_dtype must be None or a floating torch dtype, got {matmul_dtype!r}")
 
 
-def _checked(q, k, v, g, scale, initial_state, cu_seqlens=None):
+def checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens=None):
     """Validate the inputs; return ``((q, k, v, g, h0, scale), offsets)``: g as ``[B, T, H, K]``,
     h0 zeros ``[N, H, K, V]`` where no initial state is given, the default scale filled in, and
     the values of cu_seqlens as a list, or None (read on the host: a sync for a CUDA tensor)."""
     dims = check_inputs(q, k, v, g, initial_state, cu_seqlens=cu_seqlens)
     scale = check_scale(scale, dims.K)
-    _check_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    check_input_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
     g = expand_gate(g, dims.B, dims.T, dims.H, dims.K, device=q.device)
     offsets = None if cu_seqlens is None else cu_seqlens.tolist()
     if initial_state is None:  # an empty state: every form then has one code path
@@ -102,29 +102,30 @@ def _unpack(x, gather):
     return padded[0, torch.as_tensor(gather, device=x.device)]
 
 
-def _to_math(q, k, v, g, h0, scale):
+def to_math_layout(q, k, v, g, h0, scale):
     """q·scale, k, v, g heads first (``[B, H, T, D]``) and h0, all in the math dtype (float32/float64)."""
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v, g = (x.to(dt).transpose(1, 2) for x in (q, k, v, g))
     return q * scale, k, v, g, h0.to(dt)
 
 
-def _chunked(C, *xs):
+def split_chunks(C, *xs):
     """``[B, H, T, D]`` → ``[B, H, N, C, D]``, T padded with zeros to N·C (zero log-gate = no decay)."""
     T = xs[0].shape[2]
     pad = -T % C
     return [F.pad(x, (0, 0, 0, pad)).unflatten(2, (-1, C)) for x in xs]
 
 
-def _output(o, T, dtype):
+def to_output_layout(o, T, dtype):
     """``[B, H, T', V]`` or ``[B, H, N, C, V]`` → ``[B, T, H, V]`` in q's dtype (padding dropped)."""
     B, H, V = o.shape[0], o.shape[1], o.shape[-1]
     o = o.reshape(B, H, -1, V)[:, :, :T]
     return o.transpose(1, 2).to(dtype)
 
 
-def _lowp(x, dtype):
-    """Round a matmul operand to ``dtype`` (fp16/bf16 tensor cores); the product accumulates in fp32."""
+def _round_to(x, dtype):
+    """A matmul operand rounded to ``dtype`` and back (a round trip: x keeps its dtype, not the precision
+    ``dtype`` lacks), as fp16/bf16 tensor cores read it; the product accumulates in fp32. None: x as it is."""
     return x if dtype is None else x.to(dtype).to(x.dtype)
 
 
@@ -157,7 +158,7 @@ def _advance_state(S, k, v, b):
     return torch.exp(b_last).transpose(-1, -2) * S + S_new
 
 
-def _scan_chunks(q, k, v, b, h0):
+def scan_chunks(q, k, v, b, h0):
     """Inter-chunk part: each chunk's queries read the state entering it; returns (o_inter, S_N)."""
     S, outs = h0, []
     for n in range(q.shape[2]):  # N chunks, in order
@@ -166,7 +167,7 @@ def _scan_chunks(q, k, v, b, h0):
     return torch.stack(outs, 2), S
 
 
-def _two_level_scores(q, k, b, c, matmul_dtype):
+def two_level_scores(q, k, b, c, matmul_dtype):
     """The intra-chunk matrix P ``[..., C, C]`` from sub-chunks of size c (Fig. 3).
 
     Diagonal blocks: Eq. 4 in full precision. Block (s, u), u < s: a matmul of
@@ -182,7 +183,7 @@ def _two_level_scores(q, k, b, c, matmul_dtype):
     earlier = torch.ones(Ns, Ns, dtype=torch.bool, device=q.device).tril(-1)  # [s, u]: u < s
     diff = r[..., :, None, :, :] - bs[..., None, :, :, :]  # [L, s, u, c, K]
     k_hat = ks[..., None, :, :, :] * torch.exp(torch.where(earlier[:, :, None, None], diff, float("-inf")))
-    P_off = _lowp(q_hat, matmul_dtype)[..., :, None, :, :] @ _lowp(k_hat, matmul_dtype).transpose(-1, -2)
+    P_off = _round_to(q_hat, matmul_dtype)[..., :, None, :, :] @ _round_to(k_hat, matmul_dtype).transpose(-1, -2)
     diagonal = torch.eye(Ns, dtype=torch.bool, device=q.device)[:, :, None, None]
     P = torch.where(diagonal, P_diag[..., :, None, :, :], P_off)  # [L, s, u, c(i), c(j)]
     return P.transpose(-3, -2).reshape(*lead, C, C)
@@ -225,19 +226,19 @@ def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fin
         or offsets, empty sizes, NaN/inf inputs, an invalid gate (NaN, > 0, -inf).
     """
     check_flag("output_final_state", output_final_state)
-    o, S = _run(_recurrent_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens))
+    o, S = _run(_recurrent_gla, *checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens))
     return o, (S if output_final_state else None)
 
 
 def _recurrent_gla(q, k, v, g, h0, scale):
     dtype, T = q.dtype, q.shape[1]
-    q, k, v, g, S = _to_math(q, k, v, g, h0, scale)
+    q, k, v, g, S = to_math_layout(q, k, v, g, h0, scale)
     outs = []
     for t in range(T):
         S = torch.exp(g[:, :, t, :, None]) * S + k[:, :, t, :, None] * v[:, :, t, None, :]
         outs.append(q[:, :, t, None, :] @ S)  # [B, H, 1, V]
     o = torch.cat(outs, 2)
-    return _output(o, T, dtype), S
+    return to_output_layout(o, T, dtype), S
 
 
 def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
@@ -259,16 +260,16 @@ def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fina
         in the math dtype, or None unless output_final_state. Differentiable in every input.
     """
     check_flag("output_final_state", output_final_state)
-    o, S = _run(_parallel_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens))
+    o, S = _run(_parallel_gla, *checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens))
     return o, (S if output_final_state else None)
 
 
 def _parallel_gla(q, k, v, g, h0, scale):
     dtype, T = q.dtype, q.shape[1]
-    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
+    q, k, v, g, h0 = to_math_layout(q, k, v, g, h0, scale)
     b = g.cumsum(2)
     o = _decay_scores(q, k, b, b, _causal(T, q.device)) @ v + _state_output(q, b, h0)
-    return _output(o, T, dtype), _advance_state(h0, k, v, b)
+    return to_output_layout(o, T, dtype), _advance_state(h0, k, v, b)
 
 
 def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
@@ -296,19 +297,19 @@ def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_s
     """
     check_chunk_sizes(chunk_size)
     check_flag("output_final_state", output_final_state)
-    o, S = _run(_chunk_gla, *_checked(q, k, v, g, scale, initial_state, cu_seqlens),
+    o, S = _run(_chunk_gla, *checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens),
                 chunk_size=int(chunk_size))
     return o, (S if output_final_state else None)
 
 
 def _chunk_gla(q, k, v, g, h0, scale, *, chunk_size):
     dtype, T = q.dtype, q.shape[1]
-    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
-    q, k, v, g = _chunked(chunk_size, q, k, v, g)
+    q, k, v, g, h0 = to_math_layout(q, k, v, g, h0, scale)
+    q, k, v, g = split_chunks(chunk_size, q, k, v, g)
     b = g.cumsum(-2)  # cumulative log-gate from the chunk start
     o_intra = _decay_scores(q, k, b, b, _causal(chunk_size, q.device)) @ v
-    o_inter, S = _scan_chunks(q, k, v, b, h0)
-    return _output(o_intra + o_inter, T, dtype), S
+    o_inter, S = scan_chunks(q, k, v, b, h0)
+    return to_output_layout(o_intra + o_inter, T, dtype), S
 
 
 def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
@@ -333,22 +334,22 @@ def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, outp
         ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B or N, H, K, V]``
         in the math dtype, or None unless output_final_state. Differentiable in every input.
     """
-    _check_sub_chunk_size(chunk_size, sub_chunk_size)
+    check_sub_chunk_size(chunk_size, sub_chunk_size)
     _check_matmul_dtype(matmul_dtype)
     check_flag("output_final_state", output_final_state)
-    o, S = _run(_chunk_gla_two_level, *_checked(q, k, v, g, scale, initial_state, cu_seqlens),
+    o, S = _run(_chunk_gla_two_level, *checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens),
                 chunk_size=int(chunk_size), sub_chunk_size=int(sub_chunk_size), matmul_dtype=matmul_dtype)
     return o, (S if output_final_state else None)
 
 
 def _chunk_gla_two_level(q, k, v, g, h0, scale, *, chunk_size, sub_chunk_size, matmul_dtype):
     dtype, T = q.dtype, q.shape[1]
-    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
-    q, k, v, g = _chunked(chunk_size, q, k, v, g)
+    q, k, v, g, h0 = to_math_layout(q, k, v, g, h0, scale)
+    q, k, v, g = split_chunks(chunk_size, q, k, v, g)
     b = g.cumsum(-2)
-    o_intra = _two_level_scores(q, k, b, sub_chunk_size, matmul_dtype) @ v
-    o_inter, S = _scan_chunks(q, k, v, b, h0)
-    return _output(o_intra + o_inter, T, dtype), S
+    o_intra = two_level_scores(q, k, b, sub_chunk_size, matmul_dtype) @ v
+    o_inter, S = scan_chunks(q, k, v, b, h0)
+    return to_output_layout(o_intra + o_inter, T, dtype), S
 
 
 # ----------------------------------------------------------------------------- teaching variants
@@ -359,7 +360,7 @@ def parallel_gla_naive(q, k, v, g=None, *, scale=None):
     Numerically unsafe on purpose: for long T or strong gates B underflows, K/B overflows and
     the output holds inf/NaN. :func:`parallel_gla` is the log-space fix.
     """
-    (q, k, v, g, _, scale), _ = _checked(q, k, v, g, scale, None)
+    (q, k, v, g, _, scale), _ = checked_inputs(q, k, v, g, scale, None)
     T = q.shape[1]
     Bc = torch.cumprod(torch.exp(g.to(q.dtype)), dim=1)  # B_t = α_1 ⋯ α_t
     q, k, v, Bc = (x.transpose(1, 2) for x in (q * scale, k, v, Bc))
@@ -380,13 +381,13 @@ def chunk_gla_direct(q, k, v, g=None, *, scale=None, initial_state=None, output_
     _check_matmul_dtype(matmul_dtype)
     check_flag("output_final_state", output_final_state)
     chunk_size = int(chunk_size)
-    (q, k, v, g, h0, scale), _ = _checked(q, k, v, g, scale, initial_state)
+    (q, k, v, g, h0, scale), _ = checked_inputs(q, k, v, g, scale, initial_state)
     dtype, T = q.dtype, q.shape[1]
-    q, k, v, g, h0 = _to_math(q, k, v, g, h0, scale)
-    q, k, v, g = _chunked(chunk_size, q, k, v, g)
+    q, k, v, g, h0 = to_math_layout(q, k, v, g, h0, scale)
+    q, k, v, g = split_chunks(chunk_size, q, k, v, g)
     b = g.cumsum(-2)
     Lam = torch.exp(b)
-    A = _lowp(q * Lam, matmul_dtype) @ _lowp(k / Lam, matmul_dtype).transpose(-1, -2)
+    A = _round_to(q * Lam, matmul_dtype) @ _round_to(k / Lam, matmul_dtype).transpose(-1, -2)
     A = torch.where(_causal(chunk_size, q.device), A, 0.0)
-    o_inter, S = _scan_chunks(q, k, v, b, h0)
-    return _output(A @ v + o_inter, T, dtype), (S if output_final_state else None)
+    o_inter, S = scan_chunks(q, k, v, b, h0)
+    return to_output_layout(A @ v + o_inter, T, dtype), (S if output_final_state else None)

@@ -3,8 +3,8 @@
 Chapter 5 starts here before the GLA kernels. For the log-gates ``g`` of one head, cut into chunks
 of ``C`` rows, the kernel computes ``b_i = g_1 + … + g_i`` restarting at every chunk (rows i of the
 chunk, 1-based in the math), so that ``Λ = exp(b)`` is the decay from the chunk's start to row i.
-This is step 1 of every chunked GLA path (the Triton kernels call it ``gc``; the Pallas paths compute
-it in XLA, :func:`gla_ref.pallas.chunk._local_cumsum`).
+This is step 1 of every chunked GLA path (the Triton kernels call it ``b`` too; the Pallas paths
+compute it in XLA, :func:`gla_ref.pallas.chunk._local_cumsum`).
 
 * grid ``(BH, T / C)``: one program per (head, chunk);
 * ``BlockSpec((squeezed, C, K), index_map)`` for the input and the output: the program at grid point

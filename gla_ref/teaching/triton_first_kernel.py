@@ -9,7 +9,7 @@ first kernel needs: fixed-length batches only (no ``cu_seqlens``), all K channel
 launch config and no autotuning. The library's step 1 (:mod:`gla_ref.triton.chunk.cumsum`) is the
 same computation with packed batches, blocks along K and the shared ``_tiles`` addressing helpers;
 the two agree bit for bit on fixed-length input with valid gates under the interpreter, and to
-float32 rounding on a GPU (tests/test_triton_first_kernel.py).
+float32 rounding on a GPU (tests/triton/test_triton_first_kernel.py).
 
 Grid ``(⌈T/C⌉, B·H)``: program ``(i_n, i_bh)`` owns the ``C × K`` gate tile of the chunk at 0-based
 index ``i_n`` (chunk [i_n + 1] of the math) of one (batch row, head). It reads g once and writes
@@ -29,7 +29,7 @@ from gla_ref.triton.common.host import MAX_K, check_chunk_size  # MAX_K: a progr
 
 
 @triton.jit
-def first_cumsum_kernel(g, gc, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
+def first_cumsum_kernel(g, b, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)             # chunk i_n of (batch row, head) i_bh
     i_b, i_h = i_bh // H, i_bh % H
     t = i_n.to(tl.int64) * C + tl.arange(0, C)                  # the chunk's C tokens, int64
@@ -37,7 +37,7 @@ def first_cumsum_kernel(g, gc, T, H: tl.constexpr, K: tl.constexpr, C: tl.conste
     offs = (i_b.to(tl.int64) * T + t[:, None]) * (H * K) + i_h * K + o_k[None, :]  # g[i_b, t, i_h, k]
     mask = (t < T)[:, None] & (o_k < K)[None, :]                # no row past T, no column past K
     b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(gc + offs, tl.cumsum(b_g, axis=0), mask=mask)     # the running sum down the chunk's rows
+    tl.store(b + offs, tl.cumsum(b_g, axis=0), mask=mask)      # the running sum down the chunk's rows
 
 
 def first_chunk_cumsum(g: torch.Tensor, chunk_size: int = 64, *, num_warps: int = 4,
@@ -69,8 +69,8 @@ def first_chunk_cumsum(g: torch.Tensor, chunk_size: int = 64, *, num_warps: int 
         raise ValueError(f"num_warps must be a power of two, got {num_warps}")
     g = g.contiguous()
     B, T, H, K = g.shape
-    gc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+    b = torch.empty(g.shape, dtype=torch.float32, device=g.device)
     grid = (triton.cdiv(T, C), B * H)
-    first_cumsum_kernel[grid](g, gc, T, H=H, K=K, C=C, BK=triton.next_power_of_2(K),
+    first_cumsum_kernel[grid](g, b, T, H=H, K=K, C=C, BK=triton.next_power_of_2(K),
                               num_warps=num_warps, num_stages=num_stages)
-    return gc
+    return b

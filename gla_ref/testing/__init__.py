@@ -1,12 +1,23 @@
-"""Inputs and error measures shared by the tests and the notebooks.
+"""Inputs, error measures and the float64 ground truth shared by the tests and the notebooks.
 
 Inputs are made in NumPy (float64) from a seed, then handed to a framework with
-:func:`as_torch` or :func:`as_jax`, so PyTorch and JAX see the very same numbers.
+:func:`as_torch` or :func:`as_jax`, so PyTorch and JAX see the very same numbers. The ground truth,
+:func:`recurrence64` and :func:`recurrence64_grads`, is the token-by-token recurrence in NumPy float64
+(:mod:`gla_ref.testing.ground_truth`, which imports nothing else of gla_ref).
+
+Importing this package loads no framework. Submodules imported by name:
+
+* :mod:`gla_ref.testing.cases`: the case tables the tests of torch_ref and jax_ref share (NumPy);
+* :mod:`gla_ref.testing.triton_cases`: what the Triton tests share (imports torch);
+* :mod:`gla_ref.testing.pallas_cases`: what the Pallas tests share (imports jax);
+* :mod:`gla_ref.testing.scripts`: the scripts of ``benchmarks/`` loaded as modules (in a checkout).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from gla_ref.testing.ground_truth import gate_bthk, recurrence64, recurrence64_grads  # noqa: F401  (NumPy only)
 
 GATES = ("none", "const", "scalar", "gla")
 """Gate kinds, by the rank of ``g``: None, [H], [B,T,H], [B,T,H,K]."""

@@ -1,11 +1,12 @@
-"""Case tables and helpers shared by test_torch_ref.py and test_jax_ref.py (the two mirror each other)."""
+"""Case tables and helpers shared by the tests of torch_ref and jax_ref (tests/reference: the two mirror each
+other). NumPy only: the reference module is passed in."""
 
 from __future__ import annotations
 
 import numpy as np
-from recurrence64 import recurrence64
 
 from gla_ref.testing import rel_rmse
+from gla_ref.testing.ground_truth import recurrence64
 
 
 def forms(R):

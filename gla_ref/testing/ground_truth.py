@@ -1,7 +1,7 @@
 """Ground truth for every test: the GLA recurrence in plain NumPy float64, token by token.
 
-Written independently of gla_ref (no shared helper), so a bug in the library cannot hide
-in its own reference.
+Written independently of the rest of gla_ref (this module imports nothing from it), so a bug in
+the library cannot hide in its own reference.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
-"""What the Triton test files share: output checks, the float64 comparison of outputs and every
-gradient, launch guards for the bad-input tests, and the poisoned inputs of the debug-mode tests."""
+"""What the Triton tests share: output checks, the float64 comparison of outputs and every gradient, launch
+guards for the bad-input tests, the poisoned inputs of the debug-mode tests, and a recorder of allocations.
+
+Imports torch: import it by name (``gla_ref.testing`` itself loads no framework).
+"""
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from gla_ref.testing import assert_close
 
@@ -97,3 +102,23 @@ def bad_inputs(good):
         "scale-nan": ((q, k, v, g), {"scale": float("nan")}, ValueError, "scale"),
         "scale-str": ((q, k, v, g), {"scale": "0.5"}, TypeError, "scale"),
     }
+
+
+class Allocations(TorchDispatchMode):
+    """Records every tensor an op creates in storage of its own while the mode is active (views and
+    in-place results share an input's storage and are left out, as are empty tensors)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tensors = []  # kept alive, so no two records can share an address
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {x.untyped_storage().data_ptr() for x in tree_flatten((args, kwargs))[0]
+                  if isinstance(x, torch.Tensor)}
+        self.tensors += [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)
+                         and x.untyped_storage().nbytes() > 0 and x.untyped_storage().data_ptr() not in inputs]
+        return out
+
+    def bytes(self):
+        return sum(x.untyped_storage().nbytes() for x in self.tensors)

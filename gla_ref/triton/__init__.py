@@ -37,14 +37,5 @@ from gla_ref.triton.chunk_simple import chunk_simple_gla  # noqa: E402
 from gla_ref.triton.fused_chunk import fused_chunk_gla  # noqa: E402
 from gla_ref.triton.fused_recurrent import fused_recurrent_gla  # noqa: E402
 
-__all__ = ["chunk_gla", "chunk_simple_gla", "fused_chunk_gla", "fused_recurrent_gla",
-           "fused_chunk_gla_historical"]
+__all__ = ["chunk_gla", "chunk_simple_gla", "fused_chunk_gla", "fused_recurrent_gla"]
 
-
-def __getattr__(name):
-    """``gla_ref.triton.fused_chunk_gla_historical``, the teaching pipeline's forward, kept under its old
-    name; it lives in :mod:`gla_ref.teaching.historical` and is loaded only when asked for."""
-    if name == "fused_chunk_gla_historical":
-        from gla_ref.teaching.historical import fused_chunk_gla_historical
-        return fused_chunk_gla_historical
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

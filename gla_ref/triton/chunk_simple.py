@@ -3,9 +3,9 @@ constant decay per head (``g_gamma`` ``[H]``, RetNet style), states materialised
 
 A scalar gate factors out of the key dimension, so the intra-chunk matrix needs no sub-chunks:
 
-    A = (Q Kᵀ) ⊙ D,    D[i, j] = exp(gc_i − gc_j) for j ≤ i, else 0,
+    A = (Q Kᵀ) ⊙ D,    D[i, j] = exp(b_i − b_j) for j ≤ i, else 0,
 
-with gc = log Λ the chunk-local cumulative log-gate (one number per token; book/notation.md), gc_last
+with b = log Λ the chunk-local cumulative log-gate (one number per token; book/notation.md), b_last
 its last row (log γ), S_[i] = ``h[:, :, i]`` the state entering the chunk at 0-based index i and
 dS_[i+1] the gradient of the state leaving it,
 
@@ -14,11 +14,11 @@ The state recurrence and its reverse twin are those of :mod:`chunk_state` (scala
 
 Kernels (all parallel over chunks):
 
-* output, grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``: O = scale · (exp gc ⊙ (Q S_[i]) + A V); reads q, k, gc, v
+* output, grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``: O = scale · (exp b ⊙ (Q S_[i]) + A V); reads q, k, b, v
   and a ``K × BV`` slice of S_[i], writes O. A is rebuilt on chip and never stored.
-* dv, same grid: dV = scale · Aᵀ dO + exp(gc_last − gc) ⊙ (K dS_[i+1]); A rebuilt on chip.
-* dq/dk/dg, grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: dA = dO Vᵀ on chip, then dq = scale·exp gc ⊙ (dO S_[i]ᵀ)
-  + (dA ⊙ D) K, dk = exp(gc_last − gc) ⊙ (V dS_[i+1]ᵀ) + (dA ⊙ D)ᵀ Q, and the gate gradient of the
+* dv, same grid: dV = scale · Aᵀ dO + exp(b_last − b) ⊙ (K dS_[i+1]); A rebuilt on chip.
+* dq/dk/dg, grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: dA = dO Vᵀ on chip, then dq = scale·exp b ⊙ (dO S_[i]ᵀ)
+  + (dA ⊙ D) K, dk = exp(b_last − b) ⊙ (V dS_[i+1]ᵀ) + (dA ⊙ D)ᵀ Q, and the gate gradient of the
   closed form (paper §4.3) summed over the K block: each block writes a float32 partial
   ``[⌈K/BK⌉, B, T, H]`` that the launcher adds up. The gradient of ``g_gamma`` is that gate
   gradient summed over every batch row and token (it enters every token's gate).
@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from gla_ref import device
+from gla_ref import device, specs
 from gla_ref._validate import check_flag, check_scale
 from gla_ref.triton.common.host import (
     autotune,
@@ -51,6 +51,7 @@ from gla_ref.triton.common.host import (
     varlen_args,
 )
 from gla_ref.triton.common.gates import invalid_to_nan
+from gla_ref.triton.common.precision import dot_precision
 from gla_ref.triton.common.tiles import (
     block_range,
     chunk_state_offset,
@@ -64,11 +65,7 @@ from gla_ref.triton.common.tiles import (
     token_bases,
 )
 from gla_ref.triton.chunk.cumsum import chunk_local_cumsum
-from gla_ref.triton.chunk.state import (
-    _precision,
-    chunk_state_bwd,
-    chunk_state_fwd,
-)
+from gla_ref.triton.chunk.state import chunk_state_bwd, chunk_state_fwd
 
 
 def _dqkg_configs():
@@ -80,7 +77,7 @@ def _dqkg_configs():
 
 @triton.jit
 def _decay_mask(b_g, o_t, TRANSPOSED: tl.constexpr):
-    """D[r, s] = exp(gc_r − gc_s) for s ≤ r (its transpose if TRANSPOSED), exponent masked before exp."""
+    """D[r, s] = exp(b_r − b_s) for s ≤ r (its transpose if TRANSPOSED), exponent masked before exp."""
     if TRANSPOSED:
         causal = o_t[None, :] >= o_t[:, None]
         diff = b_g[None, :] - b_g[:, None]
@@ -92,7 +89,7 @@ def _decay_mask(b_g, o_t, TRANSPOSED: tl.constexpr):
 
 @autotune(block_configs("BV"), ["K", "V", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def simple_output_kernel(q, k, v, gc, h, o, cu_seqlens, chunk_indices, scale, T, H: tl.constexpr,
+def simple_output_kernel(q, k, v, b, h, o, cu_seqlens, chunk_indices, scale, T, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                          BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -113,7 +110,7 @@ def simple_output_kernel(q, k, v, gc, h, o, cu_seqlens, chunk_indices, scale, T,
         b_h = load_rows(p_h, o_k, m_k, o_v, m_v, V)
         b_o += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PREC)
         b_A += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
-    b_g = tl.load(gc + token_base(bos, i_h, H, 1) + tl.minimum(t, T - 1) * H)
+    b_g = tl.load(b + token_base(bos, i_h, H, 1) + tl.minimum(t, T - 1) * H)
     b_A *= _decay_mask(b_g, o_t, False)
     b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
     b_o = (b_o * tl.exp(b_g)[:, None] + tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)) * scale
@@ -122,7 +119,7 @@ def simple_output_kernel(q, k, v, gc, h, o, cu_seqlens, chunk_indices, scale, T,
 
 @autotune(block_configs("BV"), ["K", "V", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, cu_seqlens, chunk_indices, scale, T, H: tl.constexpr,
+def simple_bwd_dv_kernel(q, k, b, dh, do, dv, cu_seqlens, chunk_indices, scale, T, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                          BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -143,7 +140,7 @@ def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, cu_seqlens, chunk_indices, scale,
         b_dh = load_rows(p_dh, o_k, m_k, o_v, m_v, V)
         b_At += tl.dot(b_k, tl.trans(b_q), input_precision=PREC)
         b_dv += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=PREC)
-    g_base = gc + token_base(bos, i_h, H, 1)
+    g_base = b + token_base(bos, i_h, H, 1)
     b_g = tl.load(g_base + tl.minimum(t, T - 1) * H)
     g_last = tl.load(g_base + (tl.minimum(i_n * C + C, T) - 1) * H)
     b_At *= _decay_mask(b_g, o_t, True) * scale
@@ -154,7 +151,7 @@ def simple_bwd_dv_kernel(q, k, gc, dh, do, dv, cu_seqlens, chunk_indices, scale,
 
 @autotune(_dqkg_configs(), ["K", "V", "C", "IS_VARLEN"], BK="K")
 @triton.jit
-def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, cu_seqlens, chunk_indices, scale, T,
+def simple_bwd_dqkg_kernel(q, k, v, b, h, dh, do, dq, dk, dg, cu_seqlens, chunk_indices, scale, T,
                            B: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            STORE_DG: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
@@ -171,7 +168,7 @@ def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, cu_seqlens, chunk
 
     b_q = tl.load(q + p_tk, mask=m_tk, other=0.0)
     b_k = tl.load(k + p_tk, mask=m_tk, other=0.0)
-    g_base = gc + token_base(bos, i_h, H, 1)
+    g_base = b + token_base(bos, i_h, H, 1)
     b_g = tl.load(g_base + tl.minimum(t, T - 1) * H)
     g_last = tl.load(g_base + (tl.minimum(i_n * C + C, T) - 1) * H)
 
@@ -187,7 +184,7 @@ def simple_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq, dk, dg, cu_seqlens, chunk
     tl.store(dq + p_tk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + p_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     if STORE_DG:
-        b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)   # dgc_r = Σ_d (q dq − k dk)
+        b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)   # db_r = Σ_d (q dq − k dk)
         b_dg = reverse_cumsum(b_dG) + b_dgamma
         tl.store(dg + part + token_base(bos, i_h, H, 1) + t * H, b_dg, mask=m_t)
 
@@ -206,15 +203,15 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         if g_gamma is not None:
             g_total += invalid_to_nan(g_gamma.detach().float())
         h0 = None if initial_state is None else initial_state.contiguous()
-        gc = chunk_local_cumsum(g_total, chunk_size, varlen)
-        h, ht = chunk_state_fwd(k, v, gc, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32)
+        b = chunk_local_cumsum(g_total, chunk_size, varlen)
+        h, ht = chunk_state_fwd(k, v, b, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32)
         V = v.shape[-1]
         o = torch.empty_like(v, dtype=q.dtype)
         grid = lambda meta: (cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
-        simple_output_kernel[grid](q, k, v, gc, h, o, scale=scale, T=T, H=H,
-                                   K=K, V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(q),
-                                   **varlen_args(varlen))
-        ctx.save_for_backward(q, k, v, gc, h0)
+        simple_output_kernel[grid](q, k, v, b, h, o, scale=scale, T=T, H=H,
+                                   K=K, V=V, C=chunk_size, BK=min(specs.SIMPLE_OUTPUT_BLOCK_K, block(K)),
+                                   PREC=dot_precision(q), **varlen_args(varlen))
+        ctx.save_for_backward(q, k, v, b, h0)
         ctx.scale, ctx.chunk_size, ctx.varlen = scale, chunk_size, varlen
         ctx.gate_dtypes = tuple(None if x is None else x.dtype for x in (g, g_gamma))
         return o, ht
@@ -222,19 +219,19 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, do, dht):
-        q, k, v, gc, h0 = ctx.saved_tensors
+        q, k, v, b, h0 = ctx.saved_tensors
         C, scale, varlen = ctx.chunk_size, ctx.scale, ctx.varlen
         B, T, H, K = q.shape
         V = v.shape[-1]
         do = do.contiguous()
         dht = None if dht is None else dht.contiguous()
-        h, _ = chunk_state_fwd(k, v, gc, h0, False, C, varlen, states_in_fp32=True)  # dq, dk read it: float32
-        dh, dh0 = chunk_state_bwd(q, gc, do, dht, scale, h0 is not None, C, varlen)
+        h, _ = chunk_state_fwd(k, v, b, h0, False, C, varlen, states_in_fp32=True)  # dq, dk read it: float32
+        dh, dh0 = chunk_state_bwd(q, b, do, dht, scale, h0 is not None, C, varlen)
         meta = {"T": T, "H": H, "K": K, "V": V, "C": C,
-                "PREC": _precision(q), **varlen_args(varlen)}
+                "PREC": dot_precision(q), **varlen_args(varlen)}
         dv = torch.empty_like(do, dtype=v.dtype)
         grid = lambda m: (cdiv(V, m["BV"]), num_chunks(T, C, varlen), B * H)
-        simple_bwd_dv_kernel[grid](q, k, gc, dh, do, dv, scale=scale, BK=min(64, block(K)), **meta)
+        simple_bwd_dv_kernel[grid](q, k, b, dh, do, dv, scale=scale, BK=min(64, block(K)), **meta)
         g_dtype, gamma_dtype = ctx.gate_dtypes
         store_dg = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
         dq, dk = torch.empty_like(q), torch.empty_like(k)
@@ -245,7 +242,7 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
             launched["BK"] = m["BK"]
             return cdiv(K, m["BK"]), num_chunks(T, C, varlen), B * H
 
-        simple_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq, dk, dg, scale=scale, B=B,
+        simple_bwd_dqkg_kernel[grid](q, k, v, b, h, dh, do, dq, dk, dg, scale=scale, B=B,
                                      BV=min(64, block(V)), STORE_DG=store_dg, **meta)
         dg = dg[: cdiv(K, launched["BK"])].sum(0) if store_dg else None
         dg_g = dg.to(g_dtype) if ctx.needs_input_grad[3] else None

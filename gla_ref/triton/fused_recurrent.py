@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gla_ref import specs
 from gla_ref._validate import check_flag, check_scale
 from gla_ref.triton.common.host import (
     autotune,
@@ -46,7 +47,7 @@ from gla_ref.triton.common.tiles import sequence_tokens, token_bases
 
 __all__ = ["fused_recurrent_gla"]
 
-STATE_BUDGET = 4096
+STATE_BUDGET = specs.RECURRENT_STATE_BUDGET
 """Most float32 state entries a program keeps in registers: BV = STATE_BUDGET // BK (≥ 16)."""
 
 

@@ -9,7 +9,8 @@ import inspect
 import matplotlib
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

@@ -2,13 +2,16 @@
 
 Every family is launched with its kernels replaced by recorders (nothing runs): the recorded grids,
 block sizes and output tensors (Triton) or grids and block shapes (Pallas) must match the specs the
-drawings are made from. Then the drawings themselves: one panel per kernel, one outline per tensor,
+drawings are made from. The constants the drawings read are the kernels' own (gla_ref.specs), and
+drawing loads no framework. Then the drawings themselves: one panel per kernel, one outline per tensor,
 one highlighted tile per block a program touches.
 """
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import matplotlib
 import pytest
@@ -16,6 +19,7 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from gla_ref import specs
 from gla_ref.viz import kernels as pk
 
 # awkward shapes: T not a multiple of C, K and V not powers of two, several value blocks
@@ -31,28 +35,40 @@ def _close_figures():
 
 # ----------------------------------------------------------------------------- constants
 
-def test_constants_are_the_launchers():
+def test_drawing_loads_no_framework():
+    """The spec module and the drawings import neither torch, JAX nor Triton, even once every spec is evaluated."""
+    code = ("import sys, gla_ref.specs, gla_ref.viz.kernels as pk; "
+            "s = pk.Sizes(B=1, T=50, H=2, K=20, V=24, C=16, initial_state=True, final_state=True); "
+            "[pk.traffic(key, s) for key in pk.KERNELS]; "
+            "assert not {'torch', 'jax', 'triton'} & set(sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_kernel_constants_are_the_specs():
+    """Every launch constant a drawing reads is the kernel's own: the kernel modules bind their names to
+    gla_ref.specs, and the first autotune config of each tuned kernel (the interpreter's only one, the one
+    the drawings show) holds the spec's blocks."""
     from gla_ref.pallas import chunk_math
     from gla_ref.pallas.launchers import gpu, tpu
-    from gla_ref.triton import chunk_simple
-    from gla_ref.triton.chunk import intra as chunk_intra, output as chunk_output, state as chunk_state
-    from gla_ref.triton.fused_chunk import forward as fused_chunk_fwd
-    from gla_ref.triton import fused_recurrent
     from gla_ref.teaching import historical
+    from gla_ref.triton import chunk_simple, fused_recurrent
+    from gla_ref.triton.chunk import backward_intra, intra as chunk_intra, output as chunk_output, state as chunk_state
+    from gla_ref.triton.fused_chunk import forward as fused_chunk_fwd
 
-    assert pk.RECURRENT_STATE_BUDGET == fused_recurrent.STATE_BUDGET
-    assert pk.FUSED_STATE_ELEMENTS == fused_chunk_fwd.STATE_ELEMENTS
-    assert pk.SUB_CHUNK == chunk_intra.SUB_CHUNK == chunk_math.SUB
-    assert pk.WHOLE_CHUNK_KEYS == chunk_intra.WHOLE_CHUNK_KEYS
-    assert (pk.HISTORICAL_CHUNK, pk.HISTORICAL_MAX_BLOCK) == (historical.CHUNK, historical.MAX_BLOCK)
+    assert fused_recurrent.STATE_BUDGET is specs.RECURRENT_STATE_BUDGET
+    assert fused_chunk_fwd.STATE_ELEMENTS is specs.FUSED_STATE_ELEMENTS
+    for module, name, spec in [(chunk_intra, "SUB_CHUNK", "SUB_CHUNK"), (backward_intra, "SUB_CHUNK", "SUB_CHUNK"),
+                               (chunk_intra, "WHOLE_CHUNK_KEYS", "WHOLE_CHUNK_KEYS"),
+                               (historical, "CHUNK", "HISTORICAL_CHUNK"), (historical, "MAX_BLOCK", "HISTORICAL_MAX_BLOCK"),
+                               (chunk_math, "SUB", "PALLAS_SUB_CHUNK"), (tpu, "LANES", "TPU_LANES"),
+                               (tpu, "BLOCK_V", "TPU_BLOCK_V"), (gpu, "BLOCK_V", "GPU_BLOCK_V")]:
+        assert getattr(module, name) == getattr(specs, spec), (module.__name__, name)
     first = lambda kernel: kernel.configs[0].kwargs  # noqa: E731  what the interpreter (and the drawing) uses
-    assert pk.STATE_FWD_BLOCKS == (first(chunk_state.chunk_state_fwd_kernel)["BK"],
-                                   first(chunk_state.chunk_state_fwd_kernel)["BV"])
-    output = first(chunk_output.chunk_output_kernel)
-    assert pk.OUTPUT_BLOCKS == (output["BK"], output["BV"])
-    assert pk.SIMPLE_OUTPUT_BV == first(chunk_simple.simple_output_kernel)["BV"]
-    assert (pk.TPU_LANES, pk.TPU_BLOCK_V, pk.GPU_BLOCK_V) == (tpu.LANES, tpu.BLOCK_V, gpu.BLOCK_V)
-    for K, V in [(20, 24), (100, 72), (128, 256), (130, 200)]:
+    state, output = first(chunk_state.chunk_state_fwd_kernel), first(chunk_output.chunk_output_kernel)
+    assert (state["BK"], state["BV"]) == specs.STATE_FWD_BLOCKS
+    assert (output["BK"], output["BV"]) == specs.OUTPUT_BLOCKS
+    assert first(chunk_simple.simple_output_kernel) == {"BV": specs.BLOCK_CONFIGS_FIRST}
+    for K, V in [(20, 24), (100, 72), (128, 256), (130, 200)]:  # the Pallas drawings' padding is the launchers'
         s = pk.Sizes(B=1, T=10, H=1, K=K, V=V)
         for backend, mod in (("tpu", tpu), ("gpu", gpu)):
             b = pk.block_sizes(f"{backend}.gla_fused_fwd", s)
@@ -79,16 +95,19 @@ class Recorder:
 
 
 TRITON_KERNELS = {  # family -> the kernels it launches (module, attribute)
-    "fused_recurrent_gla": [("fused_recurrent", "_fwd_kernel")],
-    "fused_chunk_gla": [("fused_chunk_fwd", "_fwd_kernel")],
-    "chunk_gla": [("chunk_cumsum", "chunk_cumsum_kernel"), ("chunk_state", "chunk_state_fwd_kernel"),
-                  ("chunk_intra", "chunk_intra_kernel"), ("chunk_output", "chunk_output_kernel")],
-    "chunk_simple_gla": [("chunk_cumsum", "chunk_cumsum_kernel"), ("chunk_state", "chunk_state_fwd_kernel"),
-                         ("chunk_simple", "simple_output_kernel")],
-    "historical": [("historical_decay_cumsum", "decay_cumsum_kernel"),
-                   ("historical_prepare_qg_kg", "prepare_qg_kg_kernel"),
-                   ("historical_fused_chunk", "fused_chunk_fwd_kernel"),
-                   ("historical_inner_chunk", "inner_chunk_kernel")],
+    "fused_recurrent_gla": [("gla_ref.triton.fused_recurrent", "_fwd_kernel")],
+    "fused_chunk_gla": [("gla_ref.triton.fused_chunk.forward", "_fwd_kernel")],
+    "chunk_gla": [("gla_ref.triton.chunk.cumsum", "chunk_cumsum_kernel"),
+                  ("gla_ref.triton.chunk.state", "chunk_state_fwd_kernel"),
+                  ("gla_ref.triton.chunk.intra", "chunk_intra_kernel"),
+                  ("gla_ref.triton.chunk.output", "chunk_output_kernel")],
+    "chunk_simple_gla": [("gla_ref.triton.chunk.cumsum", "chunk_cumsum_kernel"),
+                         ("gla_ref.triton.chunk.state", "chunk_state_fwd_kernel"),
+                         ("gla_ref.triton.chunk_simple", "simple_output_kernel")],
+    "historical": [("gla_ref.teaching.historical.decay_cumsum", "decay_cumsum_kernel"),
+                   ("gla_ref.teaching.historical.prepare_qg_kg", "prepare_qg_kg_kernel"),
+                   ("gla_ref.teaching.historical.fused_chunk", "fused_chunk_fwd_kernel"),
+                   ("gla_ref.teaching.historical.inner_chunk", "inner_chunk_kernel")],
 }
 
 
@@ -103,7 +122,7 @@ def _launch_triton(family, s, monkeypatch):
 
     log = []
     for module, attr in TRITON_KERNELS[family]:
-        mod = importlib.import_module(f"gla_ref.triton.{module}")
+        mod = importlib.import_module(module)
         monkeypatch.setattr(mod, attr, Recorder(getattr(mod, attr).fn.__name__ if hasattr(getattr(mod, attr), "fn")
                                                 else attr, getattr(mod, attr), log))
     gate = "scalar" if family == "chunk_simple_gla" else "gla"

@@ -3,17 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 
 import nbformat
 
 from gla_ref import bench
+from gla_ref.testing.scripts import load_script
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "run_notebooks.py"
-spec = importlib.util.spec_from_file_location("run_notebooks", SCRIPT)
-rn = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rn)
+rn = load_script("run_notebooks")
 
 
 def _notebook(tmp_path, *sources):

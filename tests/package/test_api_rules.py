@@ -4,23 +4,26 @@ explicit scale reaches every gradient of the fused Triton kernels."""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-from recurrence64 import recurrence64, recurrence64_grads
 
-import gla_ref.pallas.chunk as pallas_chunk
-import gla_ref.pallas.simple as pallas_simple
-import gla_ref.triton.chunk as triton_chunk
-import gla_ref.triton.chunk_simple as triton_simple
-import gla_ref.triton.fused_chunk as triton_fused_chunk
-import gla_ref.triton.fused_recurrent as triton_fused_recurrent
-import gla_ref.teaching.historical as triton_historical
-from gla_ref import device, jax_ref, pallas, torch_ref
-from gla_ref import triton as gtriton
-from gla_ref._validate import check_chunk_sizes, check_flag, check_scale
-from gla_ref.testing import as_jax, as_torch, random_inputs, rel_rmse
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+import gla_ref.pallas.chunk as pallas_chunk  # noqa: E402
+import gla_ref.pallas.simple as pallas_simple  # noqa: E402
+import gla_ref.triton.chunk as triton_chunk  # noqa: E402
+import gla_ref.triton.chunk_simple as triton_simple  # noqa: E402
+import gla_ref.triton.fused_chunk as triton_fused_chunk  # noqa: E402
+import gla_ref.triton.fused_recurrent as triton_fused_recurrent  # noqa: E402
+import gla_ref.teaching.historical as triton_historical  # noqa: E402
+from gla_ref import device, jax_ref, pallas, torch_ref  # noqa: E402
+from gla_ref import triton as gtriton  # noqa: E402
+from gla_ref._validate import check_chunk_sizes, check_flag, check_scale  # noqa: E402
+from gla_ref.testing import as_jax, as_torch, random_inputs, recurrence64, recurrence64_grads, rel_rmse  # noqa: E402
 
 B, T, H, K, V = 1, 20, 1, 16, 16
 X = random_inputs(B=B, T=T, H=H, K=K, V=V, gate="gla", initial_state=True)
@@ -55,7 +58,7 @@ KERNELS = {  # every kernel wrapper, on tiny float32 shapes
     "triton.chunk_simple_gla": kernel(gtriton.chunk_simple_gla, on_device, scalar_gate=True),
     "triton.fused_chunk_gla": kernel(gtriton.fused_chunk_gla, on_device),
     "triton.fused_recurrent_gla": kernel(gtriton.fused_recurrent_gla, on_device),
-    "triton.fused_chunk_gla_historical": kernel(gtriton.fused_chunk_gla_historical, on_device),
+    "teaching.fused_chunk_gla_historical": kernel(triton_historical.fused_chunk_gla_historical, on_device),
     "pallas.chunk_gla": kernel(pallas.chunk_gla, as_jax),
     "pallas.fused_chunk_gla": kernel(pallas.fused_chunk_gla, as_jax),
     "pallas.chunk_simple_gla": kernel(pallas.chunk_simple_gla, as_jax, scalar_gate=True),

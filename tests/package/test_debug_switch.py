@@ -9,11 +9,14 @@ import threading
 
 import numpy as np
 import pytest
-from recurrence64 import recurrence64
 
-from gla_ref import device, jax_ref, pallas, torch_ref
-from gla_ref import triton as gtriton
-from gla_ref.testing import as_jax, as_torch, random_inputs, rel_rmse
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+pytest.importorskip("jax")
+
+from gla_ref import device, jax_ref, pallas, torch_ref  # noqa: E402
+from gla_ref import triton as gtriton  # noqa: E402
+from gla_ref.testing import as_jax, as_torch, random_inputs, recurrence64, rel_rmse  # noqa: E402
 
 
 def in_fresh_context(fn):

@@ -9,7 +9,8 @@ import sys
 import textwrap
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the switch acts only without CUDA")
 

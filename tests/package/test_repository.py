@@ -7,7 +7,7 @@ import importlib.util
 import pathlib
 import tomllib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("repository", ROOT / "book" / "repository.py")
 repository = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(repository)

@@ -6,14 +6,16 @@ lowering for TPU (Mosaic) and GPU (Triton) without either device.
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gla_ref.pallas import compat
-from gla_ref.teaching.pallas_first_kernel import check, chunk_local_cumsum
-from gla_ref.testing import assert_close
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+from gla_ref.pallas import compat  # noqa: E402
+from gla_ref.teaching.pallas_first_kernel import check, chunk_local_cumsum  # noqa: E402
+from gla_ref.testing import assert_close  # noqa: E402
 
 
 def _reference(g, C):

@@ -2,7 +2,7 @@
 
 Its kernels run in the Mosaic GPU interpreter (SMEM, TMA copies, barriers and ``wgmma``
 simulated, the race detector on, uninitialised SMEM filled with NaN). Every output and gradient is
-compared with the float64 recurrence and jax_ref.chunk_gla (``check_variant`` of test_pallas).
+compared with the float64 recurrence and jax_ref.chunk_gla (``gla_ref.testing.pallas_cases.check_variant``).
 The lowering tests export the forward and the VJP for CUDA, which runs Mosaic GPU's own lowering
 (layouts, swizzles, wgmma shapes) without a GPU. Shapes are tiny: the interpreter simulates threads.
 """
@@ -13,16 +13,19 @@ import contextlib
 import functools
 import re
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_pallas import check_variant, make_inputs
 
-from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla
-from gla_ref.pallas import compat
-from gla_ref.pallas.launchers import mosaic_gpu as mgpu_launcher
-from gla_ref.testing import as_jax
+jax = pytest.importorskip("jax")
+pytest.importorskip("absl", reason="jax's Mosaic GPU modules (jax.experimental.mosaic.gpu) import absl")
+
+import jax.numpy as jnp  # noqa: E402
+
+from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla  # noqa: E402
+from gla_ref.pallas import compat  # noqa: E402
+from gla_ref.pallas.launchers import mosaic_gpu as mgpu_launcher  # noqa: E402
+from gla_ref.testing import as_jax  # noqa: E402
+from gla_ref.testing.pallas_cases import check_variant, make_inputs  # noqa: E402
 
 bf16 = jnp.bfloat16
 pytestmark = pytest.mark.skipif(compat.gpu_interpret_params() is None,
@@ -113,16 +116,16 @@ def test_kernels_match_the_triton_backend_kernels():
         return mosaic_tokens if L is mgpu_launcher else tokens
 
     calls = {
-        "state_fwd": lambda L, i, x: L.state_fwd(x["k"], x["v"], b, h0, chunk=C, want_final=True, interpret=i),
-        "state_bwd": lambda L, i, x: L.state_bwd(x["q"], b, x["do"], h0, chunk=C, scale=0.25, want_dh0=True,
+        "state_fwd": lambda L, i, x: L.state_fwd(x["k"], x["v"], b, h0, chunk_size=C, want_final=True, interpret=i),
+        "state_bwd": lambda L, i, x: L.state_bwd(x["q"], b, x["do"], h0, chunk_size=C, scale=0.25, want_dh0=True,
                                                  interpret=i),
-        "chunk_fwd_o": lambda L, i, x: (L.chunk_fwd_o(x["q"], x["k"], x["v"], b, hs, chunk=C, scale=0.25, interpret=i,
-                                                      **exact(L)),),
-        "chunk_bwd": lambda L, i, x: L.chunk_bwd(x["q"], x["k"], x["v"], b, x["do"], hs, dso, chunk=C, scale=0.25,
+        "chunk_fwd_o": lambda L, i, x: (L.chunk_fwd_o(x["q"], x["k"], x["v"], b, hs, chunk_size=C, scale=0.25,
+                                                      interpret=i, **exact(L)),),
+        "chunk_bwd": lambda L, i, x: L.chunk_bwd(x["q"], x["k"], x["v"], b, x["do"], hs, dso, chunk_size=C, scale=0.25,
                                                  interpret=i, **exact(L)),
-        "fused_fwd": lambda L, i, x: L.fused_fwd(x["q"], x["k"], x["v"], b, h0, chunk=C, scale=0.25, want_final=True,
-                                                 interpret=i, **exact(L)),
-        "fused_bwd": lambda L, i, x: L.fused_bwd(x["q"], x["k"], x["v"], b, x["do"], h0, h0, chunk=C, scale=0.25,
+        "fused_fwd": lambda L, i, x: L.fused_fwd(x["q"], x["k"], x["v"], b, h0, chunk_size=C, scale=0.25,
+                                                 want_final=True, interpret=i, **exact(L)),
+        "fused_bwd": lambda L, i, x: L.fused_bwd(x["q"], x["k"], x["v"], b, x["do"], h0, h0, chunk_size=C, scale=0.25,
                                                  want_dh0=True, interpret=i, **exact(L)),
     }
     for name, call in calls.items():
@@ -237,7 +240,7 @@ def test_output_forms_fit_the_float64_scores(K):
     assert float(jnp.max(b[:, :, 0::64] - b[:, :, 63::64])) > 62
     for form in ({"whole_chunk": True}, {"exact": False}, {"exact": True}):
         with _interpreter() as params:
-            o = mgpu_launcher.chunk_fwd_o(*args, chunk=64, scale=0.25, interpret=params, **form)
+            o = mgpu_launcher.chunk_fwd_o(*args, chunk_size=64, scale=0.25, interpret=params, **form)
         o = np.asarray(o, np.float64)[0, :, 0] / 0.25
         err = np.linalg.norm(o - inter - intra) / np.linalg.norm(inter + intra)
         fit = np.sum((o - inter) * intra) / np.sum(intra * intra)
@@ -250,24 +253,24 @@ def test_forward_states_in_the_input_dtype_leave_o_unchanged(K, V):
     launcher: gla_ref.pallas.chunk.output_states): state_fwd writes its float32 states rounded to bf16, to the bit,
     and its final state in float32 as before; chunk_fwd_o on the bf16 states gives the o of the float32 ones in
     each form (whole-chunk, fast and exact sub-chunk), since it rounds them to bf16 as its wgmma operand either
-    way; at V = 128 the whole-chunk form then takes value blocks of 128 (mosaic_gpu._output_dims), one program
+    way; at V = 128 the whole-chunk form then takes value blocks of 128 (mosaic_gpu.output_dims), one program
     where float32 states take two. Mosaic GPU interpreter, two chunks, with an initial state. o is compared to
     float32 summation order, a millionth of its largest element: on the H200 the two were equal to the bit, but
     the interpreter's CPU matmul may sum one block of 128 value columns in another order than two of 64 (one
     element of 16384 differed by 3e-8 on an AMD EPYC, 2026-11-28), while states left unrounded would move o
     by about 2^-9 of itself."""
     (q, k, v, b, _), _, _ = _output_case(K, lambda rng, shape: -rng.uniform(0.1, 0.2, shape), V=V)
-    assert mgpu_launcher._output_dims(mgpu_launcher._dims(q, v, 64), bf16, bf16).BV == V
+    assert mgpu_launcher.output_dims(mgpu_launcher.dims_of(q, v, 64), bf16, bf16).BV == V
     h0 = jax.random.normal(jax.random.key(K), (1, 1, v.shape[-1], K), jnp.float32)
     with _interpreter() as params:
-        h32, ht32 = mgpu_launcher.state_fwd(k, v, b, h0, chunk=64, want_final=True, interpret=params)
-        h16, ht16 = mgpu_launcher.state_fwd(k, v, b, h0, chunk=64, want_final=True, interpret=params,
+        h32, ht32 = mgpu_launcher.state_fwd(k, v, b, h0, chunk_size=64, want_final=True, interpret=params)
+        h16, ht16 = mgpu_launcher.state_fwd(k, v, b, h0, chunk_size=64, want_final=True, interpret=params,
                                             states_dtype=bf16)
         assert h32.dtype == jnp.float32 and h16.dtype == bf16 and ht16.dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(h16), np.asarray(h32.astype(bf16)))
         np.testing.assert_array_equal(np.asarray(ht16), np.asarray(ht32))
         for form in ({"whole_chunk": True}, {"exact": False}, {"exact": True}):
-            o32, o16 = (mgpu_launcher.chunk_fwd_o(q, k, v, b, h, chunk=64, scale=0.25, interpret=params, **form)
+            o32, o16 = (mgpu_launcher.chunk_fwd_o(q, k, v, b, h, chunk_size=64, scale=0.25, interpret=params, **form)
                         for h in (h32, h16))
             o16, o32 = np.asarray(o16), np.asarray(o32)
             np.testing.assert_allclose(o16, o32, rtol=0, atol=1e-6 * np.abs(o32).max(), err_msg=str(form))
@@ -296,7 +299,7 @@ def test_gradient_forms_fit_the_exact_form(K):
     outs = {}
     for form in ("whole", "exact"):
         with _interpreter() as params:
-            outs[form] = mgpu_launcher.chunk_bwd(q, k, v, b, do, hs, dso, chunk=64, scale=0.25, interpret=params,
+            outs[form] = mgpu_launcher.chunk_bwd(q, k, v, b, do, hs, dso, chunk_size=64, scale=0.25, interpret=params,
                                                  **({"whole_chunk": True} if form == "whole" else {"exact": True}))
     for name, out, ref in zip(("dq", "dk", "dv", "dg"), outs["whole"], outs["exact"]):
         out, ref = (np.asarray(x, np.float64) for x in (out, ref))
@@ -341,7 +344,7 @@ def test_gate_gradient_of_the_matmul_forms_cancels_as_float64(form, tau, K):
     assert whole == (form == "whole_chunk") and bool(mgpu_launcher.gentle_gates(b))
     hs = dso = jnp.zeros((B, H, T // C, V, K), jnp.float32)
     with _interpreter() as params:
-        dq, dk, _, dg = mgpu_launcher.chunk_bwd(*map(_tokens, (q, k, v)), b, _tokens(do), hs, dso, chunk=C,
+        dq, dk, _, dg = mgpu_launcher.chunk_bwd(*map(_tokens, (q, k, v)), b, _tokens(do), hs, dso, chunk_size=C,
                                                 scale=0.25, interpret=params)
     for name, out, ref in zip(("dq", "dk", "dg"), (dq, dk, dg), _intra_chunk_grads_float64(q, k, v, b, do, 0.25)):
         out = np.asarray(out, np.float64)[0, 0, 0]
@@ -431,16 +434,17 @@ def test_default_launcher_on_a_gpu(monkeypatch, hopper):
     monkeypatch.setattr(compat, "mosaic_gpu_runs_here", lambda: hopper)
     monkeypatch.setattr(pchunk.device, "jax_platform", lambda: "gpu")
 
-    def plan(dtype=bf16, chunk=64, K=128, fused=False):
-        return pchunk.make_plan(None, None, chunk=chunk, scale=None, K=K, fused=fused, want_final=True, dtype=dtype)
+    def plan(dtype=bf16, chunk_size=64, K=128, fused=False):
+        return pchunk.make_plan(None, None, chunk_size=chunk_size, scale=None, K=K, fused=fused, want_final=True,
+                                dtype=dtype)
 
     chosen = mgpu_launcher if hopper else gpu
     assert plan().launcher is chosen and plan().interpret is False
     assert plan(K=20).launcher is chosen and plan(fused=True, K=64).launcher is chosen
-    for other in (plan(dtype=jnp.float32), plan(dtype=jnp.float16), plan(chunk=32), plan(K=256),
+    for other in (plan(dtype=jnp.float32), plan(dtype=jnp.float16), plan(chunk_size=32), plan(K=256),
                   plan(fused=True, K=128)):
         assert other.launcher is gpu and other.interpret is False
-    scalar = pchunk.make_plan(None, None, chunk=64, scale=None, K=128, fused=False, want_final=True, dtype=bf16,
+    scalar = pchunk.make_plan(None, None, chunk_size=64, scale=None, K=128, fused=False, want_final=True, dtype=bf16,
                               scalar_gate=True)
     assert scalar.launcher is gpu  # chunk_simple_gla's gates: the Triton backend was the faster on the H200
 
@@ -543,7 +547,7 @@ def test_whole_chunk_gradient_kernel_lowers_for_cuda(K):
             sds((B, H, T // C, V, K), jnp.float32), sds((B, H, T // C, V, K), jnp.float32))
 
     def grads(*a):
-        return mgpu_launcher.chunk_bwd(*a, chunk=C, scale=0.25, interpret=False, whole_chunk=True)
+        return mgpu_launcher.chunk_bwd(*a, chunk_size=C, scale=0.25, interpret=False, whole_chunk=True)
 
     with compat.abstract_gpu("NVIDIA H100"):
         text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
@@ -556,7 +560,7 @@ def test_benchmark_script_smoke(tmp_path):
     kernels are compared kernel by kernel above) and writes a stamped result."""
     import json
 
-    from bench_scripts import load_script
+    from gla_ref.testing.scripts import load_script
 
     out = tmp_path / "mgpu.json"
     load_script("pallas_mosaic_gpu_check").main(["--smoke", "--out", str(out)])
@@ -579,7 +583,7 @@ def test_benchmark_script_gates_and_the_triton_scalar_case(monkeypatch):
     """Each timing case of benchmarks/pallas_mosaic_gpu_check.py gets the gate its name says, and the
     Triton reference of the scalar-gate cases runs on that [B, T, H] gate (here in float32, under the
     interpreter, at a tiny shape; on the H200 in bf16 at B=8, H=16)."""
-    from bench_scripts import load_script
+    from gla_ref.testing.scripts import load_script
 
     script = load_script("pallas_mosaic_gpu_check")
     gates = {name: script._gate(name) for name, _ in script.CASES}
@@ -602,7 +606,7 @@ def test_benchmark_glue_rows_time_what_run_does_around_the_kernels(monkeypatch):
     timed on the CPU at a tiny shape by XLA's scan and by the gate-sum kernel in the Mosaic GPU interpreter, and
     ``gate_kernel_check`` (the gate-sum kernel against float64 and its NaN rule) run there too; ``gate_kernel``
     leaves gla_ref.pallas.chunk.GATE_SUM_KERNELS as it found it."""
-    from bench_scripts import load_script
+    from gla_ref.testing.scripts import load_script
 
     script = load_script("pallas_mosaic_gpu_check")
     monkeypatch.setattr(script, "TIMING", {**script.TIMING, "B": 1, "H": 2, "warmup": 0, "rep": 1})
@@ -643,7 +647,7 @@ def test_gate_sum_kernel_against_float64(dtype, B, T, H, K):
     assert b.dtype == np.float32 and b.shape == (B, H, T, K)
     tol = {"rtol": 1e-6, "atol": 1e-6 * np.abs(exact).max()}
     np.testing.assert_allclose(b, exact, **tol)
-    plan = pchunk.make_plan("tpu", True, chunk=64, scale=None, K=K, fused=False, want_final=False)
+    plan = pchunk.make_plan("tpu", True, chunk_size=64, scale=None, K=K, fused=False, want_final=False)
     xla = pchunk._local_cumsum(pchunk._gate_layout(g, plan, T, K, per_key=True), plan)  # the TPU launcher's
     np.testing.assert_allclose(b, np.asarray(xla), **tol)
     bad = {(0, 40, 0, 3): jnp.nan, (B - 1, T - 1, H - 1, 5): 0.5, (0, T - 64, H - 1, 9): -jnp.inf}
@@ -651,7 +655,7 @@ def test_gate_sum_kernel_against_float64(dtype, B, T, H, K):
         nan = np.isnan(np.asarray(mosaic_gpu_gates.gate_sums(g.at[ib, t, ih, kk].set(value), interpret=True)))
         start = t // 64 * 64
         assert nan[ib, ih, start:start + 64, kk].all() and nan.sum() == 64, (value, t)
-    with pytest.raises(ValueError, match="chunk=64"):
+    with pytest.raises(ValueError, match="chunk_size=64"):
         mosaic_gpu_gates.gate_sums(g[:, :T - 1], interpret=True)
     with pytest.raises(ValueError, match="K=48"):
         mosaic_gpu_gates.gate_sums(g[..., :48], interpret=True)

@@ -8,12 +8,14 @@ IR: power-of-two tensor sizes, supported primitives). Nothing is compiled or run
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import pytest
 
-from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla
-from gla_ref.pallas import compat
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+from gla_ref.pallas import chunk_gla, chunk_simple_gla, fused_chunk_gla  # noqa: E402
+from gla_ref.pallas import compat  # noqa: E402
 
 f32, bf16 = jnp.float32, jnp.bfloat16
 

@@ -5,10 +5,11 @@ import math
 import matplotlib
 import numpy as np
 import pytest
-import torch
 
-from gla_ref.reference import gates
-from gla_ref.viz import plots
+torch = pytest.importorskip("torch")
+
+from gla_ref.reference import gates  # noqa: E402
+from gla_ref.viz import plots  # noqa: E402
 
 matplotlib.use("Agg")
 

@@ -1,11 +1,12 @@
 """The hand-written backward passes of gla_ref.reference.grads against autograd of gla_ref.torch_ref (float64)."""
 
 import pytest
-import torch
 
-from gla_ref import torch_ref
-from gla_ref.reference import grads
-from gla_ref.testing import as_torch, assert_close, random_inputs
+torch = pytest.importorskip("torch")
+
+from gla_ref import torch_ref  # noqa: E402
+from gla_ref.reference import grads  # noqa: E402
+from gla_ref.testing import as_torch, assert_close, random_inputs  # noqa: E402
 
 SHAPES = [{"B": 1, "T": 1, "H": 1, "K": 4, "V": 4}, {"B": 2, "T": 37, "H": 2, "K": 6, "V": 10}, {"B": 1, "T": 16, "H": 1, "K": 8, "V": 3}]
 TOL = 1e-10

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import functools
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from recurrence64 import gate_bthk, recurrence64, recurrence64_grads
-from ref_cases import GRAD_TOL, SHAPES, STATES, TOL, close_to_recurrence, cotangents, forms
 
-from gla_ref import jax_ref as R
-from gla_ref.testing import GATES, as_jax, random_inputs, rel_rmse, to_numpy
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+from gla_ref import jax_ref as R  # noqa: E402
+from gla_ref.testing import (GATES, as_jax, gate_bthk, random_inputs, recurrence64, recurrence64_grads,  # noqa: E402
+                             rel_rmse, to_numpy)
+from gla_ref.testing.cases import GRAD_TOL, SHAPES, STATES, TOL, close_to_recurrence, cotangents, forms  # noqa: E402
 
 FORMS = forms(R)
 

@@ -3,14 +3,16 @@ and the gradients of every input. Shapes match test_jax_ref.py so JAX reuses its
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import pytest
-import torch
-from ref_cases import cotangents, forms
 
-from gla_ref import jax_ref, torch_ref
-from gla_ref.testing import GATES, as_jax, as_torch, random_inputs, rel_rmse
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+from gla_ref import jax_ref, torch_ref  # noqa: E402
+from gla_ref.testing import GATES, as_jax, as_torch, random_inputs, rel_rmse  # noqa: E402
+from gla_ref.testing.cases import cotangents, forms  # noqa: E402
 
 TORCH_FORMS, JAX_FORMS = forms(torch_ref), forms(jax_ref)
 TOL = 1e-5

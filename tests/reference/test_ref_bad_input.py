@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
-from gla_ref import jax_ref, torch_ref
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+from gla_ref import jax_ref, torch_ref  # noqa: E402
 
 B, T, H, K, V = 1, 5, 2, 4, 3
 FORMS = {  # framework: the forms taking (q, k, v, g, scale=..., initial_state=...)

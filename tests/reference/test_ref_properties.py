@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from recurrence64 import recurrence64
 
-from gla_ref import jax_ref, torch_ref
-from gla_ref.testing import GATES, as_jax, as_torch, random_inputs, to_numpy
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+from gla_ref import jax_ref, torch_ref  # noqa: E402
+from gla_ref.testing import GATES, as_jax, as_torch, random_inputs, recurrence64, to_numpy  # noqa: E402
 
 TOL = 2e-5
 

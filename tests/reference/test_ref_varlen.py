@@ -4,16 +4,18 @@ before any math."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-from recurrence64 import recurrence64, recurrence64_grads
 
-from gla_ref import jax_ref, torch_ref
-from gla_ref._validate import check_cu_seqlens
-from gla_ref.testing import GATES, as_jax, as_torch, random_inputs, rel_rmse
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+from gla_ref import jax_ref, torch_ref  # noqa: E402
+from gla_ref._validate import check_cu_seqlens  # noqa: E402
+from gla_ref.testing import (GATES, as_jax, as_torch, random_inputs, recurrence64, recurrence64_grads,  # noqa: E402
+                             rel_rmse)
 
 LENGTHS = (5, 1, 17, 9)  # T = 32: a one-token sequence, lengths that are not multiples of the chunk (8)
 OFFSETS = np.cumsum((0,) + LENGTHS)

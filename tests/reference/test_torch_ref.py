@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from recurrence64 import gate_bthk, recurrence64, recurrence64_grads
-from ref_cases import GRAD_TOL, SHAPES, STATES, TOL, close_to_recurrence, cotangents, forms
 
-from gla_ref import torch_ref as R
-from gla_ref.testing import GATES, as_torch, random_inputs, rel_rmse, to_numpy
+torch = pytest.importorskip("torch")
+
+from gla_ref import torch_ref as R  # noqa: E402
+from gla_ref.testing import (GATES, as_torch, gate_bthk, random_inputs, recurrence64, recurrence64_grads,  # noqa: E402
+                             rel_rmse, to_numpy)
+from gla_ref.testing.cases import GRAD_TOL, SHAPES, STATES, TOL, close_to_recurrence, cotangents, forms  # noqa: E402
 
 FORMS = {**forms(R), "direct16": (R.chunk_gla_direct, {})}
 

@@ -24,33 +24,35 @@ paper's two heads.
 from __future__ import annotations
 
 from typing import NamedTuple
-
 import contextlib
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
-from gla_ref import device
-from gla_ref.pallas import chunk as pallas_chunk_module
-from gla_ref.pallas import chunk_gla as pallas_chunk_gla
-from gla_ref.pallas import chunk_simple_gla as pallas_chunk_simple_gla
-from gla_ref.pallas import fused_chunk_gla as pallas_fused_chunk_gla
-from gla_ref.pallas import simple as pallas_simple_module
-from gla_ref.testing import as_jax, as_torch, assert_close, random_inputs
-from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla, fused_recurrent_gla
-from gla_ref.triton.common import host as _common
-from gla_ref.triton import chunk as chunk_module
-from gla_ref.triton import chunk_simple as simple_module
-from gla_ref.triton import fused_chunk as fused_chunk_module
-from gla_ref.triton.fused_chunk import forward as fused_chunk_fwd
-from gla_ref.triton import fused_recurrent as fused_recurrent_module
-from gla_ref.teaching import historical as historical_module
-from gla_ref.triton.fused_chunk.forward import launch_meta, value_block
-from recurrence64 import recurrence64, recurrence64_grads
-from triton_cases import forbid_launch
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+from gla_ref import device  # noqa: E402
+from gla_ref.pallas import chunk as pallas_chunk_module  # noqa: E402
+from gla_ref.pallas import chunk_gla as pallas_chunk_gla  # noqa: E402
+from gla_ref.pallas import chunk_simple_gla as pallas_chunk_simple_gla  # noqa: E402
+from gla_ref.pallas import fused_chunk_gla as pallas_fused_chunk_gla  # noqa: E402
+from gla_ref.pallas import simple as pallas_simple_module  # noqa: E402
+from gla_ref.testing import (as_jax, as_torch, assert_close, random_inputs, recurrence64,  # noqa: E402
+                             recurrence64_grads)
+from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla, fused_recurrent_gla  # noqa: E402
+from gla_ref.triton.common import host as _common  # noqa: E402
+from gla_ref.triton import chunk as chunk_module  # noqa: E402
+from gla_ref.triton import chunk_simple as simple_module  # noqa: E402
+from gla_ref.triton import fused_chunk as fused_chunk_module  # noqa: E402
+from gla_ref.triton.fused_chunk import forward as fused_chunk_fwd  # noqa: E402
+from gla_ref.triton import fused_recurrent as fused_recurrent_module  # noqa: E402
+from gla_ref.teaching import historical as historical_module  # noqa: E402
+from gla_ref.testing.triton_cases import Allocations, forbid_launch  # noqa: E402
+from gla_ref.triton.fused_chunk.forward import launch_meta, value_block  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()
@@ -192,8 +194,6 @@ def test_fused_chunk_takes_the_wide_tile_at_chunk_size_16_only(monkeypatch):
 def test_fused_chunk_allocates_its_model_when_V_is_sliced():
     """Forward: its outputs only. Backward: the float32 partials of dq, dk, dg (2 slices at V = 300),
     their float32 sums and the fp16 casts, dv and dh0 — the bytes of fused_chunk.allocated_bytes."""
-    from test_triton_fused import Allocations  # the allocation recorder of the fused kernels' tests
-
     B, T_, H, K, V = 1, 20, 1, 20, 300
     t = as_torch(random_inputs(B, T_, H, K, V, "gla", initial_state=True), dtype=F16, device=DEV)
     t["g"] = t["g"].float()  # float32 gates: dg is its float32 sum; dq, dk are cast to float16

@@ -5,12 +5,15 @@ Compiling for a GPU needs one, so here a stand-in kernel records what it is aske
 """
 
 import pytest
-import triton
-import triton.language as tl
-from triton.runtime import _async_compile
 
-from gla_ref import device
-from gla_ref.triton.common import host as _common
+pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import triton.language as tl  # noqa: E402
+from triton.runtime import _async_compile  # noqa: E402
+
+from gla_ref import device  # noqa: E402
+from gla_ref.triton.common import host as _common  # noqa: E402
 
 
 class Recorder:

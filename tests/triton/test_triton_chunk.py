@@ -11,16 +11,19 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import pytest
-import torch
 
-from gla_ref import device
-from gla_ref.reference.gates import SAFE_DECAY
-from gla_ref.testing import as_torch, assert_close, random_inputs
-from gla_ref.torch_ref import chunk_gla as chunk_ref
-from gla_ref.torch_ref import recurrent_gla
-from gla_ref.triton import chunk as chunk_module
-from gla_ref.triton import chunk_gla
-from triton_cases import bad_inputs, check_outputs, compare_with_reference, float64_copies, forbid_launch, poisoned
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from gla_ref import device  # noqa: E402
+from gla_ref.reference.gates import SAFE_DECAY  # noqa: E402
+from gla_ref.testing import as_torch, assert_close, random_inputs  # noqa: E402
+from gla_ref.testing.triton_cases import (bad_inputs, check_outputs, compare_with_reference,  # noqa: E402
+                                          float64_copies, forbid_launch, poisoned)
+from gla_ref.torch_ref import chunk_gla as chunk_ref  # noqa: E402
+from gla_ref.torch_ref import recurrent_gla  # noqa: E402
+from gla_ref.triton import chunk as chunk_module  # noqa: E402
+from gla_ref.triton import chunk_gla  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()
@@ -118,7 +121,7 @@ def test_chunk_case_takes_both_forms():
     """The CHUNK_TAU case's two full chunks straddle SAFE_DECAY, so the forward builds A as one whole-chunk matmul
     in one of them and by sub-chunks in the other, in one call."""
     g = random_inputs(1, 140, 1, 20, 24, "gla", seed=140 + 20 + 64, tau=CHUNK_TAU)["g"][0, :, 0]
-    decays = [(-g[s + 1:s + 64].sum(0)).max() for s in (0, 64)]  # gc_s − gc_{s+63}, the steepest key
+    decays = [(-g[s + 1:s + 64].sum(0)).max() for s in (0, 64)]  # b_s − b_{s+63}, the steepest key
     assert min(decays) <= SAFE_DECAY < max(decays), decays
 
 
@@ -229,7 +232,7 @@ def test_debug_mode_checks_values(case, no_launch):
 
 def test_values_unchecked_without_debug():
     """No device sync by default: a positive gate is not looked for on the host, but the cumsum
-    kernel turns it into NaN (tests/test_gate_contract.py has every kernel and invalid value)."""
+    kernel turns it into NaN (tests/triton/test_gate_contract.py has every kernel and invalid value)."""
     q, g, h0, _ = POISONED["positive-g"]  # g[0, 2, 0, 3] = 0.5
     assert not device.is_debug()
     o, ht = chunk_gla(q, CLEAN["k"], CLEAN["v"], g, initial_state=h0, chunk_size=16, output_final_state=True)
@@ -289,15 +292,15 @@ def test_bwd_dA_step(c):
     assert_close("dA", ref, dA, TOL[c.dtype])
 
 
-def _dqk_intra_reference(q, k, gc, dA, C):
-    """float64 dq_r = Σ_{s ≤ r} dA[r, s] k_s ⊙ exp(Γ_r − Γ_s), dk_s = Σ_{r ≥ s} dA[r, s] q_r ⊙ exp(Γ_r − Γ_s),
+def _dqk_intra_reference(q, k, b, dA, C):
+    """float64 dq_r = Σ_{s ≤ r} dA[r, s] k_s ⊙ exp(b_r − b_s), dk_s = Σ_{r ≥ s} dA[r, s] q_r ⊙ exp(b_r − b_s),
     r and s in one chunk (entries of dA above the diagonal ignored)."""
-    q, k, gc, dA = (x.double().cpu() for x in (q, k, gc, dA))
+    q, k, b, dA = (x.double().cpu() for x in (q, k, b, dA))
     dq, dk = torch.zeros_like(q), torch.zeros_like(k)
     for rows in _chunk_rows(q.shape[1], C):
         L = rows.stop - rows.start
         causal = torch.ones(L, L, dtype=torch.bool).tril()[None, :, :, None, None]
-        diff = gc[:, rows, None] - gc[:, None, rows]  # [B, r, s, H, K]
+        diff = b[:, rows, None] - b[:, None, rows]  # [B, r, s, H, K]
         decay = torch.where(causal, torch.exp(torch.where(causal, diff, 0.0)), 0.0)
         D = dA[:, rows, :, :L].permute(0, 1, 3, 2)  # [B, r, s, H]
         dq[:, rows] = torch.einsum("brsh,brshk,bshk->brhk", D, decay, k[:, rows])
@@ -310,11 +313,11 @@ def test_bwd_dqk_intra_step(c):
     """The intra-chunk dq, dk from a random dA (entries above the diagonal too: the kernel must mask them)."""
     x = random_inputs(c.B, c.T, c.H, c.K, 16, "gla", seed=c.T + c.C, tau=c.tau)
     t = as_torch(x, dtype=c.dtype, device=DEV)
-    gc = chunk_local_cumsum(t["g"], c.C)
+    b = chunk_local_cumsum(t["g"], c.C)
     dA = torch.randn(c.B, c.T, c.H, c.C, generator=torch.Generator().manual_seed(c.K)).to(DEV)
-    dq, dk = chunk_bwd_dqk_intra(t["q"], t["k"], gc, dA, c.C)
+    dq, dk = chunk_bwd_dqk_intra(t["q"], t["k"], b, dA, c.C)
     assert dq.dtype == dk.dtype == F32 and dq.shape == dk.shape == t["q"].shape
-    ref_dq, ref_dk = _dqk_intra_reference(t["q"], t["k"], gc, dA, c.C)
+    ref_dq, ref_dk = _dqk_intra_reference(t["q"], t["k"], b, dA, c.C)
     assert_close("dq_intra", ref_dq, dq, TOL[c.dtype])
     assert_close("dk_intra", ref_dk, dk, TOL[c.dtype])
 
@@ -336,11 +339,11 @@ def _step_inputs(c):
 
 @pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
 def test_fwd_intra_A_step(c):
-    """A[r, s] = scale · Σ_d q_rd k_sd exp(Γ_rd − Γ_sd) for s ≤ r in one chunk, exactly 0 above."""
-    t, gc = _step_inputs(c)
-    A = chunk_intra_attention(t["q"], t["k"], gc, 0.7, c.C)
+    """A[r, s] = scale · Σ_d q_rd k_sd exp(b_rd − b_sd) for s ≤ r in one chunk, exactly 0 above."""
+    t, b = _step_inputs(c)
+    A = chunk_intra_attention(t["q"], t["k"], b, 0.7, c.C)
     assert A.dtype == t["q"].dtype and A.shape == (c.B, c.T, c.H, c.C)  # stored in the input dtype
-    q, k, g = (x.double().cpu() for x in (t["q"], t["k"], gc))
+    q, k, g = (x.double().cpu() for x in (t["q"], t["k"], b))
     ref = torch.zeros(A.shape, dtype=torch.float64)
     for rows in _chunk_rows(c.T, c.C):
         L = rows.stop - rows.start
@@ -355,30 +358,30 @@ def test_fwd_intra_A_step(c):
 
 @pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
 def test_fwd_decayed_operands_step(c):
-    """Step 1's extra outputs: qt = scale · Q ⊙ exp(gc) and kt = K ⊙ exp(gc_last − gc) per chunk (gc_last the
-    chunk's last real row), in q's dtype, and gc as chunk_local_cumsum gives it (to float32 rounding: on a GPU
+    """Step 1's extra outputs: qt = scale · Q ⊙ exp(b) and kt = K ⊙ exp(b_last − b) per chunk (b_last the
+    chunk's last real row), in q's dtype, and b as chunk_local_cumsum gives it (to float32 rounding: on a GPU
     the two compiled kernels may sum a chunk in different orders)."""
-    t, gc = _step_inputs(c)
-    gc2, qt, kt = chunk_gates_and_operands(t["q"], t["k"], t["g"], 0.7, c.C)
-    assert_close("gc", gc.double(), gc2, 1e-6)
+    t, b = _step_inputs(c)
+    b2, qt, kt = chunk_gates_and_operands(t["q"], t["k"], t["g"], 0.7, c.C)
+    assert_close("b", b.double(), b2, 1e-6)
     assert qt.dtype == kt.dtype == c.dtype and qt.shape == kt.shape == t["q"].shape
-    q, k, g = (x.double().cpu() for x in (t["q"], t["k"], gc))
+    q, k, g = (x.double().cpu() for x in (t["q"], t["k"], b))
     last = torch.cat([g[:, rows.stop - 1:rows.stop].expand(-1, rows.stop - rows.start, -1, -1)
                       for rows in _chunk_rows(c.T, c.C)], dim=1)
     assert_close("qt", 0.7 * q * g.exp(), qt, TOL[c.dtype])
     assert_close("kt", k * (last - g).exp(), kt, TOL[c.dtype])
 
 
-@pytest.mark.parametrize("decayed", [False, True], ids=["k-and-gc", "decayed-k"])
+@pytest.mark.parametrize("decayed", [False, True], ids=["k-and-b", "decayed-k"])
 @pytest.mark.parametrize("states_in_fp32", [False, True], ids=["states-input-dtype", "states-fp32"])
 @pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
 def test_fwd_state_step(c, states_in_fp32, decayed):
     """h[:, :, n] is the state entering chunk n and ht the final state, from the float64 token recurrence;
-    h in k's dtype unless ``states_in_fp32``, the final state always float32. The kernel reads k and gc
-    (the backward's recomputation) or K ⊙ Γ from step 1 and only each chunk's last gc row (the forward)."""
-    t, gc = _step_inputs(c)
+    h in k's dtype unless ``states_in_fp32``, the final state always float32. The kernel reads k and b
+    (the backward's recomputation) or K ⊙ Γ from step 1 and only each chunk's last b row (the forward)."""
+    t, b = _step_inputs(c)
     k_in = chunk_gates_and_operands(t["q"], t["k"], t["g"], 0.7, c.C)[2] if decayed else t["k"]
-    h, ht = chunk_state_fwd(k_in, t["v"], gc, t["initial_state"], True, c.C, states_in_fp32=states_in_fp32,
+    h, ht = chunk_state_fwd(k_in, t["v"], b, t["initial_state"], True, c.C, states_in_fp32=states_in_fp32,
                             decayed=decayed)
     N = -(-c.T // c.C)
     assert h.dtype == (F32 if states_in_fp32 else c.dtype) and ht.dtype == F32
@@ -396,16 +399,16 @@ def test_fwd_state_step(c, states_in_fp32, decayed):
 
 @pytest.mark.parametrize("c", STEP_CASES, ids=_step_id)
 def test_fwd_output_step(c):
-    """O_n = scale · (Q_n ⊙ exp Γ_n) S_n + (A_n ⊙ M) V_n from random states and a random A whose entries above
+    """O_n = scale · (Q_n ⊙ exp b_n) S_n + (A_n ⊙ M) V_n from random states and a random A whose entries above
     the diagonal must be ignored."""
-    t, gc = _step_inputs(c)
+    t, b = _step_inputs(c)
     gen = torch.Generator().manual_seed(c.T + c.C)
     N, V = -(-c.T // c.C), c.K + 7
     h = torch.randn(c.B, c.H, N, c.K, V, generator=gen).to(DEV)
     A = torch.randn(c.B, c.T, c.H, c.C, generator=gen).to(DEV)
     o = chunk_output(chunk_gates_and_operands(t["q"], t["k"], t["g"], 0.7, c.C)[1], t["v"], h, A, c.C)
     assert o.dtype == c.dtype and o.shape == t["v"].shape
-    q, v, g, h, A = (x.double().cpu() for x in (t["q"], t["v"], gc, h, A))
+    q, v, g, h, A = (x.double().cpu() for x in (t["q"], t["v"], b, h, A))
     ref = torch.zeros(o.shape, dtype=torch.float64)
     for n, rows in enumerate(_chunk_rows(c.T, c.C)):
         L = rows.stop - rows.start

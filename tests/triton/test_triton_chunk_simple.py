@@ -10,15 +10,18 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import pytest
-import torch
 
-from gla_ref import device
-from gla_ref.testing import as_torch, assert_close, random_inputs
-from gla_ref.torch_ref import chunk_gla as chunk_ref
-from gla_ref.torch_ref import recurrent_gla
-from gla_ref.triton import chunk_simple as simple_module
-from gla_ref.triton import chunk_simple_gla
-from triton_cases import check_outputs, compare_with_reference, float64_copies, forbid_launch
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from gla_ref import device  # noqa: E402
+from gla_ref.testing import as_torch, assert_close, random_inputs  # noqa: E402
+from gla_ref.testing.triton_cases import (check_outputs, compare_with_reference, float64_copies,  # noqa: E402
+                                          forbid_launch)
+from gla_ref.torch_ref import chunk_gla as chunk_ref  # noqa: E402
+from gla_ref.torch_ref import recurrent_gla  # noqa: E402
+from gla_ref.triton import chunk_simple as simple_module  # noqa: E402
+from gla_ref.triton import chunk_simple_gla  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()

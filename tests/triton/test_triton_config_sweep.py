@@ -10,7 +10,7 @@ import pathlib
 import subprocess
 import sys
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "triton_config_sweep.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "triton_config_sweep.py"
 
 
 def _load():
@@ -27,7 +27,7 @@ def test_sweep_covers_every_launched_kernel(tmp_path):
                    check=True, capture_output=True, text=True)
     result = json.loads(out.read_text())
     kernels = {row["kernel"] for row in result["rows"]}
-    assert {"chunk_state.chunk_state_fwd_kernel", "chunk_state.chunk_state_bwd_kernel",
+    assert {"chunk.state.chunk_state_fwd_kernel", "chunk.state.chunk_state_bwd_kernel",
             "chunk_simple.simple_output_kernel", "chunk_simple.simple_bwd_dv_kernel",
             "chunk_simple.simple_bwd_dqkg_kernel"} == kernels
     for row in result["rows"]:
@@ -47,7 +47,7 @@ def test_only_sweeps_the_named_kernels(tmp_path):
                     "--shape", "1", "20", "1", "16", "16", "--steps", "1", "--only", "state_fwd", "dv",
                     "--out", str(out)], check=True, capture_output=True, text=True)
     kernels = {row["kernel"] for row in json.loads(out.read_text())["rows"]}
-    assert kernels == {"chunk_state.chunk_state_fwd_kernel", "chunk_simple.simple_bwd_dv_kernel"}
+    assert kernels == {"chunk.state.chunk_state_fwd_kernel", "chunk_simple.simple_bwd_dv_kernel"}
 
 
 def test_a_failing_probe_needs_only_and_then_sweeps_what_it_names(tmp_path):
@@ -57,7 +57,7 @@ def test_a_failing_probe_needs_only_and_then_sweeps_what_it_names(tmp_path):
     out = tmp_path / "sweep.json"
     subprocess.run([*common, "--only", "chunk_state", "--out", str(out)], check=True, capture_output=True, text=True)
     rows = json.loads(out.read_text())["rows"]
-    assert {row["kernel"] for row in rows} == {"chunk_state.chunk_state_fwd_kernel", "chunk_state.chunk_state_bwd_kernel"}
+    assert {row["kernel"] for row in rows} == {"chunk.state.chunk_state_fwd_kernel", "chunk.state.chunk_state_bwd_kernel"}
     assert all(row["status"] == "fault" for row in rows)  # every worker fails as the probe did
 
 

@@ -4,12 +4,13 @@ into the captured buffers. A packed batch cannot be captured (its offsets are re
 CUDA graphs exist only on a GPU: on a CPU this module is skipped as a whole."""
 
 import pytest
-import torch
 
-from gla_ref import bench
-from gla_ref.testing import as_torch, random_inputs
+torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+from gla_ref import bench  # noqa: E402
+from gla_ref.testing import as_torch, random_inputs  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

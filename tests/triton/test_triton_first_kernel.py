@@ -11,13 +11,15 @@ from __future__ import annotations
 import inspect
 
 import pytest
-import torch
 
-from gla_ref import device
-from gla_ref.testing import as_torch, assert_close, random_inputs
-from gla_ref.teaching import triton_first_kernel as first_kernel
-from gla_ref.triton.chunk.cumsum import chunk_local_cumsum
-from gla_ref.teaching.triton_first_kernel import first_chunk_cumsum, first_cumsum_kernel
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from gla_ref import device  # noqa: E402
+from gla_ref.testing import as_torch, assert_close, random_inputs  # noqa: E402
+from gla_ref.teaching import triton_first_kernel as first_kernel  # noqa: E402
+from gla_ref.triton.chunk.cumsum import chunk_local_cumsum  # noqa: E402
+from gla_ref.teaching.triton_first_kernel import first_chunk_cumsum, first_cumsum_kernel  # noqa: E402
 
 DEV = device.torch_device()
 CUDA = torch.cuda.is_available()
@@ -48,24 +50,24 @@ def _reference(g, C):
 def test_matches_float64_and_the_library_step(shape, dtype):
     B, T, H, K, C = shape
     g = _gates(B, T, H, K, dtype)
-    gc = first_chunk_cumsum(g, C)
-    assert gc.dtype == torch.float32 and gc.shape == g.shape and gc.device == g.device
-    assert_close("first kernel vs float64", _reference(g, C), gc, TOL)
+    b = first_chunk_cumsum(g, C)
+    assert b.dtype == torch.float32 and b.shape == g.shape and b.device == g.device
+    assert_close("first kernel vs float64", _reference(g, C), b, TOL)
     lib = chunk_local_cumsum(g, C)
     if device.triton_interpret():  # the same sums in the same order
-        assert torch.equal(gc, lib)
+        assert torch.equal(b, lib)
     else:
-        assert_close("first kernel vs chunk_local_cumsum", lib, gc, TOL)
+        assert_close("first kernel vs chunk_local_cumsum", lib, b, TOL)
 
 
 def test_every_chunk_restarts_and_only_decreases():
     B, T, H, K, C = 2, 50, 2, 9, 16
     g = _gates(B, T, H, K, torch.float32, seed=3)
-    gc = first_chunk_cumsum(g, C).cpu()
+    b = first_chunk_cumsum(g, C).cpu()
     starts = list(range(0, T, C))
-    assert torch.equal(gc[:, starts], g.cpu()[:, starts])  # the first row of a chunk is its own gate
+    assert torch.equal(b[:, starts], g.cpu()[:, starts])  # the first row of a chunk is its own gate
     inside = [t for t in range(T) if t % C]
-    assert (gc[:, inside] <= gc[:, [t - 1 for t in inside]]).all()  # log-gates <= 0: never increases
+    assert (b[:, inside] <= b[:, [t - 1 for t in inside]]).all()  # log-gates <= 0: never increases
 
 
 def test_no_store_outside_the_tensor():
@@ -74,9 +76,9 @@ def test_no_store_outside_the_tensor():
     B, T, H, K, C = 1, 21, 2, 5, 16  # T = 21: the second chunk has 11 masked rows; BK = 8: 3 masked columns
     g = _gates(B, T, H, K, torch.float32, seed=5)
     buf = torch.full((B * T * H * K + 4096,), -123.0, device=DEV)
-    gc = buf[: B * T * H * K].view(B, T, H, K)
-    first_cumsum_kernel[(2, B * H)](g, gc, T, H=H, K=K, C=C, BK=8)
-    assert_close("in place", _reference(g, C), gc, TOL)
+    b = buf[: B * T * H * K].view(B, T, H, K)
+    first_cumsum_kernel[(2, B * H)](g, b, T, H=H, K=K, C=C, BK=8)
+    assert_close("in place", _reference(g, C), b, TOL)
     assert (buf[B * T * H * K:] == -123.0).all(), "the kernel wrote past the end of its output"
 
 
@@ -114,6 +116,7 @@ def test_the_kernel_is_short_and_uses_pointer_arithmetic():
     assert "make_block_ptr" not in src and "tl.int64" in src
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU with about 13 GiB free")
 def test_offsets_past_two_to_the_31():
     """B·T·H·K > 2³¹: an int32 offset would wrap and write the last chunks into the first."""
@@ -121,7 +124,7 @@ def test_offsets_past_two_to_the_31():
     T = 2**31 // (H * K) + 3 * C + 5
     g = torch.full((1, T, H, K), -1e-3, dtype=torch.float16, device="cuda")
     g[:, -2 * C:] = -0.5
-    gc = first_chunk_cumsum(g, C)
+    b = first_chunk_cumsum(g, C)
     tail = slice((T // C - 1) * C, T)  # the last two chunks, the last partial
-    assert_close("last chunks", _reference(g[:, tail], C), gc[:, tail], TOL)
-    assert_close("first chunk", _reference(g[:, :C], C), gc[:, :C], TOL)
+    assert_close("last chunks", _reference(g[:, tail], C), b[:, tail], TOL)
+    assert_close("first chunk", _reference(g[:, :C], C), b[:, :C], TOL)

@@ -11,22 +11,22 @@ import functools
 from typing import NamedTuple
 
 import pytest
-import torch
-import triton
-import triton.language as tl
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-from gla_ref import device
-from gla_ref.reference.gates import SAFE_DECAY
-from gla_ref.testing import as_torch, random_inputs, rel_rmse
-from gla_ref.torch_ref import chunk_gla, recurrent_gla
-from gla_ref.triton import fused_chunk as fused_chunk_module
-from gla_ref.triton import fused_chunk_gla, fused_recurrent_gla
-from gla_ref.triton.fused_chunk import backward as fused_chunk_bwd, forward as fused_chunk_fwd
-from gla_ref.triton import fused_recurrent as fused_recurrent_module
-from triton_cases import (bad_inputs, check_outputs, compare_with_reference, float64_copies, forbid_launch, grads,
-                          poisoned)
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import triton.language as tl  # noqa: E402
+
+from gla_ref import device  # noqa: E402
+from gla_ref.reference.gates import SAFE_DECAY  # noqa: E402
+from gla_ref.testing import as_torch, random_inputs, rel_rmse  # noqa: E402
+from gla_ref.testing.triton_cases import (Allocations, bad_inputs, check_outputs, compare_with_reference,  # noqa: E402
+                                          float64_copies, forbid_launch, grads, poisoned)
+from gla_ref.torch_ref import chunk_gla, recurrent_gla  # noqa: E402
+from gla_ref.triton import fused_chunk as fused_chunk_module  # noqa: E402
+from gla_ref.triton import fused_chunk_gla, fused_recurrent_gla  # noqa: E402
+from gla_ref.triton.fused_chunk import backward as fused_chunk_bwd, forward as fused_chunk_fwd  # noqa: E402
+from gla_ref.triton import fused_recurrent as fused_recurrent_module  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()
@@ -186,14 +186,6 @@ def test_gate_gradient_restarts_with_values_sliced(monkeypatch):
     test_against_float64_reference(Case("chunk", F32, 1, 80, 1, 16, 264))
 
 
-def test_gate_gradient_restarts_in_packed_sequences(monkeypatch):
-    """Packed sequences restart from their own first token: blocks of 64 tokens of each, the last one short."""
-    import test_triton_varlen as packed
-
-    monkeypatch.setattr(fused_chunk_bwd, "RESTART", 64)
-    packed.test_packed_batch(packed.Case("fused_chunk", (90, 20, 70), alone=False))
-
-
 @triton.jit
 def _no_state(dv, row0, o_k, o_v, K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr, HALVES: tl.constexpr):
     return o_k[:, None] * 0.0 + o_v[None, :] * 0.0
@@ -293,26 +285,6 @@ def test_non_contiguous_inputs(kernel):
 
 # ----------------------------------------------------------------------------- memory
 
-class Allocations(TorchDispatchMode):
-    """Records every tensor an op creates in storage of its own while the mode is active (views and
-    in-place results share an input's storage and are left out, as are empty tensors)."""
-
-    def __init__(self):
-        super().__init__()
-        self.tensors = []  # kept alive, so no two records can share an address
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {x.untyped_storage().data_ptr() for x in tree_flatten((args, kwargs))[0]
-                  if isinstance(x, torch.Tensor)}
-        self.tensors += [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)
-                         and x.untyped_storage().nbytes() > 0 and x.untyped_storage().data_ptr() not in inputs]
-        return out
-
-    def bytes(self):
-        return sum(x.untyped_storage().nbytes() for x in self.tensors)
-
-
 def _beyond(allocated, outputs):
     """Shape and dtype of each allocated tensor that is not (a view of) one of ``outputs``."""
     kept = {x.untyped_storage().data_ptr() for x in outputs if x is not None}
@@ -406,7 +378,7 @@ def test_debug_mode_checks_values(kernel, case, monkeypatch):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_values_unchecked_without_debug(kernel):
     """No device sync by default: a positive gate is not looked for on the host, but the kernel turns
-    it into NaN where it reads it (tests/test_gate_contract.py has every kernel and invalid value)."""
+    it into NaN where it reads it (tests/triton/test_gate_contract.py has every kernel and invalid value)."""
     q, g, h0, _ = POISONED["positive-g"]  # g[0, 2, 0, 3] = 0.5
     assert not device.is_debug()
     o, ht = KERNELS[kernel](q, CLEAN["k"], CLEAN["v"], g, initial_state=h0, output_final_state=True)

@@ -13,16 +13,18 @@ import math
 from typing import NamedTuple
 
 import pytest
-import torch
-import torch.nn.functional as F
-from recurrence64 import recurrence64
 
-from gla_ref import device
-from gla_ref.testing import as_torch, assert_close, random_inputs, to_numpy
-from gla_ref.torch_ref import chunk_gla
-from gla_ref.triton import fused_chunk_gla_historical
-from gla_ref.teaching import historical as hist
-from triton_cases import bad_inputs, forbid_launch, poisoned
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import torch.nn.functional as F  # noqa: E402
+
+from gla_ref import device  # noqa: E402
+from gla_ref.testing import as_torch, assert_close, random_inputs, recurrence64, to_numpy  # noqa: E402
+from gla_ref.torch_ref import chunk_gla  # noqa: E402
+from gla_ref.teaching.historical import fused_chunk_gla_historical  # noqa: E402
+from gla_ref.teaching import historical as hist  # noqa: E402
+from gla_ref.testing.triton_cases import bad_inputs, forbid_launch, poisoned  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()
@@ -408,7 +410,7 @@ def test_debug_mode_checks_stage_values(monkeypatch):
 
 def test_values_unchecked_without_debug():
     """No device sync by default: a positive gate is not looked for on the host, but step 1 turns it
-    into NaN (tests/test_gate_contract.py has every kernel and invalid value)."""
+    into NaN (tests/triton/test_gate_contract.py has every kernel and invalid value)."""
     q, g, h0, _ = POISONED["positive-g"]  # g[0, 2, 0, 3] = 0.5
     assert not device.is_debug()
     o, ht = fused_chunk_gla_historical(q, CLEAN["k"], CLEAN["v"], g, initial_state=h0, output_final_state=True)

@@ -7,13 +7,15 @@ bit for bit.
 """
 
 import pytest
-import torch
-import triton
-from triton.compiler.compiler import CompiledKernel
-from triton.runtime.autotuner import Autotuner
-from triton.runtime.jit import JITFunction
 
-from gla_ref.triton.common import launch_cache as _launch
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+from triton.compiler.compiler import CompiledKernel  # noqa: E402
+from triton.runtime.autotuner import Autotuner  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+from gla_ref.triton.common import launch_cache as _launch  # noqa: E402
 
 
 class Binary(CompiledKernel):
@@ -162,6 +164,7 @@ def test_the_library_s_kernels_carry_the_shortcut_when_compiled():
         assert (type(chunk_cumsum_kernel), type(chunk_output_kernel)) == expected
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels need a GPU")
 def test_chunk_gla_through_the_shortcut_equals_triton_s_path_bit_for_bit(monkeypatch):
     """Every kernel of a chunk GLA step takes the shortcut on the second call, aligned or not, and the

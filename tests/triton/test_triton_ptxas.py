@@ -11,8 +11,11 @@ import types
 
 import pytest
 
-import gla_ref.triton  # noqa: F401  (selects the interpreter on a machine without CUDA)
-from gla_ref.triton.common import ptxas
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import gla_ref.triton  # noqa: E402, F401  (selects the interpreter on a machine without CUDA)
+from gla_ref.triton.common import ptxas  # noqa: E402
 
 HOPPER = (9, 0)
 VERSIONS = {"/triton/ptxas": (12, 8, 93), "/cuda/bin/ptxas": (13, 0, 88), "/new/bin/ptxas": (13, 2, 86),
@@ -77,12 +80,12 @@ def test_the_check_can_be_turned_off(machine, recwarn):
 
 
 def test_candidates_include_pips_nvidia_packages(tmp_path, monkeypatch):
-    ptxas = tmp_path / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
-    ptxas.parent.mkdir(parents=True)
-    ptxas.write_text("")
+    pip_ptxas = tmp_path / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
+    pip_ptxas.parent.mkdir(parents=True)
+    pip_ptxas.write_text("")
     monkeypatch.setitem(sys.modules, "nvidia", types.SimpleNamespace(__path__=[str(tmp_path / "nvidia")]))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no_toolkit"))
-    assert str(ptxas) in ptxas.candidates()
+    assert str(pip_ptxas) in ptxas.candidates()
 
 
 def test_a_triton_without_knobs_has_one_ptxas(monkeypatch):

@@ -20,9 +20,12 @@ import textwrap
 
 import pytest
 
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
 HOPPER_SMEM = 232448  # bytes of shared memory a block may opt into on sm_90 (227 KiB)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 _SCRIPT = textwrap.dedent('''
     import json, sys

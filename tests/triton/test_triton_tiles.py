@@ -5,12 +5,14 @@ kernel with the PTX barrier on a GPU)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-import gla_ref.triton  # noqa: F401  (picks the interpreter on a CPU before any kernel below is defined)
-import triton
-import triton.language as tl
-from gla_ref.triton.common.tiles import reverse_cumsum, reverse_cumsum_dot, synced
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import triton.language as tl  # noqa: E402
+
+import gla_ref.triton  # noqa: E402, F401  (picks the interpreter on a CPU before any kernel below is defined)
+from gla_ref.triton.common.tiles import reverse_cumsum, reverse_cumsum_dot, synced  # noqa: E402
 
 
 @triton.jit

@@ -15,20 +15,23 @@ import itertools
 from typing import NamedTuple
 
 import pytest
-import torch
 
-from gla_ref import device
-from gla_ref.testing import as_torch, assert_close, random_inputs
-from gla_ref.torch_ref import chunk_gla as chunk_ref
-from gla_ref.torch_ref import recurrent_gla
-from gla_ref.triton import chunk as chunk_module
-from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla, fused_recurrent_gla
-from gla_ref.teaching import historical
-from gla_ref.triton import chunk_simple as simple_module
-from gla_ref.triton import fused_chunk as fused_chunk_module
-from gla_ref.triton import fused_recurrent as fused_recurrent_module
-from gla_ref.triton.common.host import prepare_packed
-from triton_cases import forbid_launch, grads
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from gla_ref import device  # noqa: E402
+from gla_ref.testing import as_torch, assert_close, random_inputs  # noqa: E402
+from gla_ref.torch_ref import chunk_gla as chunk_ref  # noqa: E402
+from gla_ref.torch_ref import recurrent_gla  # noqa: E402
+from gla_ref.triton import chunk as chunk_module  # noqa: E402
+from gla_ref.triton import chunk_gla, chunk_simple_gla, fused_chunk_gla, fused_recurrent_gla  # noqa: E402
+from gla_ref.teaching import historical  # noqa: E402
+from gla_ref.testing.triton_cases import forbid_launch, grads  # noqa: E402
+from gla_ref.triton import chunk_simple as simple_module  # noqa: E402
+from gla_ref.triton import fused_chunk as fused_chunk_module  # noqa: E402
+from gla_ref.triton.fused_chunk import backward as fused_chunk_bwd  # noqa: E402
+from gla_ref.triton import fused_recurrent as fused_recurrent_module  # noqa: E402
+from gla_ref.triton.common.host import prepare_packed  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = device.torch_device()
@@ -281,3 +284,10 @@ def test_interpreter_refuses_bf16(name, monkeypatch):
         else:
             forbid_launch(monkeypatch, historical, ["launch_decay_cumsum"])
             _historical_steps()[name](bf)
+
+
+def test_fused_chunk_gate_gradient_restarts_in_packed_sequences(monkeypatch):
+    """fused_chunk_gla's gate gradient restarts (every RESTART tokens) from each packed sequence's own first token:
+    blocks of 64 tokens of each, the last one short."""
+    monkeypatch.setattr(fused_chunk_bwd, "RESTART", 64)
+    test_packed_batch(Case("fused_chunk", (90, 20, 70), alone=False))

@@ -8,8 +8,9 @@ of the non-fused path run one program per chunk on ``(B, H, NV, N)``.
 
 Triton needs every tensor size to be a power of two: ``K`` and ``V`` are padded to powers of two
 (at least 16, the smallest ``tl.dot``), chunks are powers of two and sub-chunks are 16 rows; the
-kernels of a scalar gate, fused and non-fused, take the whole chunk as one tile (:attr:`_launch.Dims.sub`),
-whose gate gradient is closer to float64 (bf16, ``g_gamma``, T=2048 on the H200: 1.1e-3 against 8.7e-3).
+kernels of a scalar gate, fused and non-fused, take the whole chunk as one tile
+(:attr:`gla_ref.pallas.launchers.common.Dims.c`), whose gate gradient is closer to float64 (bf16, ``g_gamma``,
+T=2048 on the H200: 1.1e-3 against 8.7e-3).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from gla_ref import specs
 from gla_ref.pallas import compat
 from gla_ref.pallas.launchers import common as _launch
 from gla_ref.pallas import chunk_math as cm
@@ -28,7 +30,7 @@ from gla_ref.pallas.launchers.common import Dims
 from gla_ref.pallas.launchers.common import store as _store
 from gla_ref.pallas.launchers.common import sub_blocks as _sub_blocks
 
-BLOCK_V = 64
+BLOCK_V = specs.GPU_BLOCK_V
 """Value columns per program: keeps the ``[BV, K]`` float32 state within a program's registers."""
 NUM_WARPS = 4
 
@@ -47,10 +49,10 @@ def block_v(V_pad: int) -> int:
 
 
 
-def dims_of(q, v, b, chunk):
+def dims_of(q, v, b, chunk_size):
     B, H, T, K = q.shape
     V = v.shape[-1]
-    return Dims(B, H, T // chunk, chunk, K, V, block_v(V), b.shape[-1])
+    return Dims(B, H, T // chunk_size, chunk_size, K, V, block_v(V), b.shape[-1])
 
 
 _SQ = compat.squeezed()
@@ -137,9 +139,9 @@ def _initial(ref, d: Dims):
 
 # ---------------------------------------------------------------- non-fused forward
 
-def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
+def state_fwd(k, v, b, h0, *, chunk_size, want_final, interpret=False):
     """States entering each chunk ``h [B, H, N, V, K]`` (float32, transposed) and the final state (or None)."""
-    d = dims_of(k, v, b, chunk)
+    d = dims_of(k, v, b, chunk_size)
     n_sub = d.n_sub
 
     def kernel(k_ref, v_ref, b_ref, *refs):
@@ -149,8 +151,8 @@ def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
         def step(n, S):
             t = _chunk_start(d, n)
             h_ref[n] = S
-            return cm.state_update(_sub_blocks(k_ref, n_sub, t, d.sub), _sub_blocks(v_ref, n_sub, t, d.sub),
-                                   _sub_blocks(b_ref, n_sub, t, d.sub), S)
+            return cm.state_update(_sub_blocks(k_ref, n_sub, t, d.c), _sub_blocks(v_ref, n_sub, t, d.c),
+                                   _sub_blocks(b_ref, n_sub, t, d.c), S)
 
         S = lax.fori_loop(0, d.N, step, _initial(h0_ref, d))
         if ht_ref is not None:
@@ -161,12 +163,12 @@ def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
                        want_final, interpret=interpret, name="gla_state_fwd")
 
 
-def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
+def chunk_fwd_o(q, k, v, b, h, *, chunk_size, scale, interpret=False):
     """The output, one program per chunk, from the state ``h`` entering it."""
-    d = dims_of(q, v, b, chunk)
+    d = dims_of(q, v, b, chunk_size)
     n_sub = d.n_sub
 
-    kernel = _launch.chunk_output_kernel(n_sub, scale, sub=d.sub)
+    kernel = _launch.chunk_output_kernel(n_sub, scale, sub_chunk_size=d.c)
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d), _chunk_spec(d, d.Kg),
                 _chunk_state_spec(d)]
     return _call(kernel, (d.B, d.H, d.NV, d.N), in_specs, _value_spec(d), _sds(v.shape, q.dtype),
@@ -175,9 +177,9 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
 
 # ---------------------------------------------------------------- fused forward
 
-def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
+def fused_fwd(q, k, v, b, h0, *, chunk_size, scale, want_final, interpret=False):
     """Output and final state in one program per head and value block; the state is a loop carry."""
-    d = dims_of(q, v, b, chunk)
+    d = dims_of(q, v, b, chunk_size)
     n_sub = d.n_sub  # whole-chunk tiles for a scalar gate, 16 rows for GLA (as the non-fused kernels)
 
     def kernel(q_ref, k_ref, v_ref, b_ref, *refs):
@@ -186,9 +188,9 @@ def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
 
         def step(n, S):
             t = _chunk_start(d, n)
-            qs, ks, vs, bs = (_sub_blocks(r, n_sub, t, d.sub) for r in (q_ref, k_ref, v_ref, b_ref))
+            qs, ks, vs, bs = (_sub_blocks(r, n_sub, t, d.c) for r in (q_ref, k_ref, v_ref, b_ref))
             A = cm.intra_scores(qs, ks, bs, scale)
-            _store(o_ref, cm.chunk_output(qs, vs, bs, S, A, scale), t, d.sub)
+            _store(o_ref, cm.chunk_output(qs, vs, bs, S, A, scale), t, d.c)
             return cm.state_update(ks, vs, bs, S)
 
         S = lax.fori_loop(0, d.N, step, _initial(h0_ref, d))
@@ -203,10 +205,10 @@ def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
 
 # ---------------------------------------------------------------- non-fused backward
 
-def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
+def state_bwd(q, b, do, dht, *, chunk_size, scale, want_dh0, interpret=False):
     """Gradients w.r.t. the state leaving each chunk ``[B, H, N, V, K]`` and w.r.t. h0 (or None):
     a loop over the chunks from last to first."""
-    d = dims_of(q, do, b, chunk)
+    d = dims_of(q, do, b, chunk_size)
     n_sub = d.n_sub
 
     def kernel(q_ref, b_ref, do_ref, *refs):
@@ -217,8 +219,8 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
             n = d.N - 1 - s
             t = _chunk_start(d, n)
             dso_ref[n] = dS
-            return cm.state_grad_update(_sub_blocks(q_ref, n_sub, t, d.sub), _sub_blocks(b_ref, n_sub, t, d.sub),
-                                        _sub_blocks(do_ref, n_sub, t, d.sub), dS, scale)
+            return cm.state_grad_update(_sub_blocks(q_ref, n_sub, t, d.c), _sub_blocks(b_ref, n_sub, t, d.c),
+                                        _sub_blocks(do_ref, n_sub, t, d.c), dS, scale)
 
         dS = lax.fori_loop(0, d.N, step, _initial(dht_ref, d))
         if dh0_ref is not None:
@@ -229,13 +231,13 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
                        want_dh0, interpret=interpret, name="gla_state_bwd")
 
 
-def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
+def chunk_bwd(q, k, v, b, do, h, dso, *, chunk_size, scale, interpret=False):
     """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32) and the
     gate gradient's partials ``[B, H, NV, T, Kg]``, one program per chunk."""
-    d = dims_of(q, v, b, chunk)
+    d = dims_of(q, v, b, chunk_size)
     n_sub = d.n_sub
 
-    kernel = _launch.chunk_grad_kernel(n_sub, scale, sub=d.sub)
+    kernel = _launch.chunk_grad_kernel(n_sub, scale, sub_chunk_size=d.c)
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d), _chunk_spec(d, d.Kg),
                 _value_spec(d), _chunk_state_spec(d), _chunk_state_spec(d)]
     part = _sds((d.B, d.H, d.NV, d.N * d.C, d.K))
@@ -247,11 +249,11 @@ def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
 
 # ---------------------------------------------------------------- fused backward
 
-def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=False):
+def fused_bwd(q, k, v, b, do, h0, dht, *, chunk_size, scale, want_dh0, interpret=False):
     """All gradients with the states as loop carries: one kernel loops forwards for ``dq``
     (re-building the state), a second loops backwards for ``dk, dv, dh0``. Each also writes one row
     per chunk for the gate gradient, ``a``, ``c`` and ``e`` ``[B, H, NV, N, 1, Kg]`` (see the TPU launcher)."""
-    d = dims_of(q, v, b, chunk)
+    d = dims_of(q, v, b, chunk_size)
     n_sub = d.n_sub  # as fused_fwd
     part = _sds((d.B, d.H, d.NV, d.N * d.C, d.K))
     rows = _sds((d.B, d.H, d.NV, d.N, 1, d.Kg))
@@ -264,8 +266,8 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
 
         def step(n, S):
             t = _chunk_start(d, n)
-            qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, t, d.sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
-            _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S, scale), t, d.sub)
+            qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, t, d.c) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+            _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S, scale), t, d.c)
             a_ref[n] = cm.state_in_term(qs, bs, dos, S, scale)
             return cm.state_update(ks, vs, bs, S)
 
@@ -282,11 +284,11 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
         def step(s, dS):
             n = d.N - 1 - s
             t = _chunk_start(d, n)
-            qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, t, d.sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+            qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, t, d.c) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
             dk, dv, kappa = cm.chunk_dkv(qs, ks, vs, bs, dos, dS, cm.intra_scores(qs, ks, bs, scale), scale,
                                          key_term=True)
-            _store(dk_ref, dk, t, d.sub)
-            _store(dv_ref, dv, t, d.sub)
+            _store(dk_ref, dk, t, d.c)
+            _store(dv_ref, dv, t, d.c)
             c = cm.state_out_term(ks, vs, bs, dS)
             c_ref[n] = c
             e_ref[n] = kappa - c

@@ -26,15 +26,16 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from gla_ref import specs
 from gla_ref.pallas import compat
 from gla_ref.pallas.launchers import common as _launch
 from gla_ref.pallas import chunk_math as cm
 from gla_ref.pallas.launchers.common import store as _store
 from gla_ref.pallas.launchers.common import sub_blocks as _sub_blocks
 
-LANES = 128
+LANES = specs.TPU_LANES
 """K and V are padded to a multiple of this (the TPU vector lane count)."""
-BLOCK_V = 128
+BLOCK_V = specs.TPU_BLOCK_V
 """Value columns per program: V / BLOCK_V programs share a head (more parallel work)."""
 
 
@@ -56,19 +57,19 @@ class Dims(_launch.Dims):
         return (self.B, self.H, self.V // self.BV, self.N)
 
 
-def launch_params(K: int, V: int, chunk: int, scalar_gate: bool) -> dict:
+def launch_params(K: int, V: int, chunk_size: int, scalar_gate: bool) -> dict:
     """The block sizes this launcher picks for heads ``K × V`` (before padding), a chunk size and a
     gate kind: ``{"BK", "BV", "tile_rows", "n_tiles"}``. A block spans the whole padded K (≥ 128) and
     ``min(V_pad, 128)`` value columns; ``tile_rows`` is the row count of the intra-chunk matmuls."""
     K_pad, V_pad = padded_dims(K, V)
-    d = Dims(1, 1, 1, chunk, K_pad, V_pad, block_v(V_pad), 1 if scalar_gate else K_pad)
-    return {"BK": d.K, "BV": d.BV, "tile_rows": d.sub, "n_tiles": d.n_sub}
+    d = Dims(1, 1, 1, chunk_size, K_pad, V_pad, block_v(V_pad), 1 if scalar_gate else K_pad)
+    return {"BK": d.K, "BV": d.BV, "tile_rows": d.c, "n_tiles": d.n_sub}
 
 
-def dims_of(q, v, b, chunk):
+def dims_of(q, v, b, chunk_size):
     B, H, T, K = q.shape
     V = v.shape[-1]
-    return Dims(B, H, T // chunk, chunk, K, V, block_v(V), b.shape[-1])
+    return Dims(B, H, T // chunk_size, chunk_size, K, V, block_v(V), b.shape[-1])
 
 
 # ---------------------------------------------------------------- block specs
@@ -136,9 +137,9 @@ def _state_call(kernel, d: Dims, in_specs, args, out_specs, out_shape, state_in,
 
 # ---------------------------------------------------------------- non-fused forward
 
-def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
+def state_fwd(k, v, b, h0, *, chunk_size, want_final, interpret=False):
     """States entering each chunk ``h [B, H, N, V, K]`` (float32, transposed) and the final state (or None)."""
-    d = dims_of(k, v, b, chunk)
+    d = dims_of(k, v, b, chunk_size)
     n_sub, last = d.n_sub, d.N - 1
 
     def kernel(*refs):
@@ -153,8 +154,8 @@ def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
             S[...] = h0_ref[...] if h0_ref is not None else jnp.zeros(S.shape, S.dtype)
 
         h_ref[...] = S[...]
-        S[...] = cm.state_update(_sub_blocks(k_ref, n_sub, sub=d.sub), _sub_blocks(v_ref, n_sub, sub=d.sub),
-                                 _sub_blocks(b_ref, n_sub, sub=d.sub), S[...])
+        S[...] = cm.state_update(_sub_blocks(k_ref, n_sub, 0, d.c), _sub_blocks(v_ref, n_sub, 0, d.c),
+                                 _sub_blocks(b_ref, n_sub, 0, d.c), S[...])
         if ht_ref is not None:
             @pl.when(n == last)
             def _():
@@ -165,12 +166,12 @@ def state_fwd(k, v, b, h0, *, chunk, want_final, interpret=False):
                        want_final, interpret=interpret, name="gla_state_fwd")
 
 
-def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
+def chunk_fwd_o(q, k, v, b, h, *, chunk_size, scale, interpret=False):
     """The output, every chunk in parallel from the state ``h`` entering it."""
-    d = dims_of(q, v, b, chunk)
+    d = dims_of(q, v, b, chunk_size)
     n_sub = d.n_sub
 
-    kernel = _launch.chunk_output_kernel(n_sub, scale, sub=d.sub)
+    kernel = _launch.chunk_output_kernel(n_sub, scale, sub_chunk_size=d.c)
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), _value_spec(d),
                 _chunk_spec(d, d.Kg), _chunk_state_spec(d)]
     return _call(kernel, d, in_specs, _value_spec(d), _sds(v.shape, q.dtype),
@@ -179,9 +180,9 @@ def chunk_fwd_o(q, k, v, b, h, *, chunk, scale, interpret=False):
 
 # ---------------------------------------------------------------- fused forward
 
-def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
+def fused_fwd(q, k, v, b, h0, *, chunk_size, scale, want_final, interpret=False):
     """Output and final state in one pass; the state lives in VMEM and never reaches HBM."""
-    d = dims_of(q, v, b, chunk)
+    d = dims_of(q, v, b, chunk_size)
     n_sub, last = d.n_sub, d.N - 1
 
     def kernel(*refs):
@@ -195,9 +196,9 @@ def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
         def _():
             S[...] = h0_ref[...] if h0_ref is not None else jnp.zeros(S.shape, S.dtype)
 
-        qs, ks, vs, bs = (_sub_blocks(r, n_sub, sub=d.sub) for r in (q_ref, k_ref, v_ref, b_ref))
+        qs, ks, vs, bs = (_sub_blocks(r, n_sub, 0, d.c) for r in (q_ref, k_ref, v_ref, b_ref))
         A = cm.intra_scores(qs, ks, bs, scale)
-        _store(o_ref, cm.chunk_output(qs, vs, bs, S[...], A, scale), sub=d.sub)
+        _store(o_ref, cm.chunk_output(qs, vs, bs, S[...], A, scale), 0, d.c)
         S[...] = cm.state_update(ks, vs, bs, S[...])
         if ht_ref is not None:
             @pl.when(n == last)
@@ -211,10 +212,10 @@ def fused_fwd(q, k, v, b, h0, *, chunk, scale, want_final, interpret=False):
 
 # ---------------------------------------------------------------- non-fused backward
 
-def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
+def state_bwd(q, b, do, dht, *, chunk_size, scale, want_dh0, interpret=False):
     """Gradients w.r.t. the state leaving each chunk ``[B, H, N, V, K]`` and w.r.t. h0 (or None),
     chunks visited from last to first."""
-    d = dims_of(q, do, b, chunk)
+    d = dims_of(q, do, b, chunk_size)
     n_sub, last = d.n_sub, d.N - 1
 
     def kernel(*refs):
@@ -229,8 +230,8 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
             dS[...] = dht_ref[...] if dht_ref is not None else jnp.zeros(dS.shape, dS.dtype)
 
         dso_ref[...] = dS[...]
-        dS[...] = cm.state_grad_update(_sub_blocks(q_ref, n_sub, sub=d.sub), _sub_blocks(b_ref, n_sub, sub=d.sub),
-                                       _sub_blocks(do_ref, n_sub, sub=d.sub), dS[...], scale)
+        dS[...] = cm.state_grad_update(_sub_blocks(q_ref, n_sub, 0, d.c), _sub_blocks(b_ref, n_sub, 0, d.c),
+                                       _sub_blocks(do_ref, n_sub, 0, d.c), dS[...], scale)
         if dh0_ref is not None:
             @pl.when(step == last)
             def _():
@@ -243,14 +244,14 @@ def state_bwd(q, b, do, dht, *, chunk, scale, want_dh0, interpret=False):
                        name="gla_state_bwd")
 
 
-def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
+def chunk_bwd(q, k, v, b, do, h, dso, *, chunk_size, scale, interpret=False):
     """``dq, dk`` (float32 partials per value block ``[B, H, NV, T, K]``), ``dv`` (float32) and the
     gate gradient's partials ``[B, H, NV, T, Kg]``, every chunk in parallel from the state entering
     it and the gradient of the state leaving it."""
-    d = dims_of(q, v, b, chunk)
+    d = dims_of(q, v, b, chunk_size)
     n_sub = d.n_sub
 
-    kernel = _launch.chunk_grad_kernel(n_sub, scale, sub=d.sub)
+    kernel = _launch.chunk_grad_kernel(n_sub, scale, sub_chunk_size=d.c)
     vspec = _value_spec(d)
     in_specs = [_chunk_spec(d, d.K), _chunk_spec(d, d.K), vspec, _chunk_spec(d, d.Kg), vspec,
                 _chunk_state_spec(d), _chunk_state_spec(d)]
@@ -263,12 +264,12 @@ def chunk_bwd(q, k, v, b, do, h, dso, *, chunk, scale, interpret=False):
 
 # ---------------------------------------------------------------- fused backward
 
-def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=False):
+def fused_bwd(q, k, v, b, do, h0, dht, *, chunk_size, scale, want_dh0, interpret=False):
     """All gradients with states kept on chip: one kernel runs the chunks forwards for ``dq``
     (re-building the state), a second runs them backwards for ``dk, dv, dh0``. Each also writes one
     row per chunk for the gate gradient, ``a`` (:func:`chunk_math.state_in_term`), ``c``
     (:func:`chunk_math.state_out_term`) and ``e = κ − c``, ``[B, H, NV, N, 1, Kg]`` float32."""
-    d = dims_of(q, v, b, chunk)
+    d = dims_of(q, v, b, chunk_size)
     n_sub, last = d.n_sub, d.N - 1
     vspec, vspec_rev = _value_spec(d), _value_spec(d, reverse=True)
     part = _sds((d.B, d.H, d.V // d.BV, d.N * d.C, d.K))
@@ -283,8 +284,8 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
         def _():
             S[...] = h0_ref[...] if h0_ref is not None else jnp.zeros(S.shape, S.dtype)
 
-        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, sub=d.sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
-        _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S[...], scale), sub=d.sub)
+        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, 0, d.c) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+        _store(dq_ref, cm.chunk_dq(qs, ks, vs, bs, dos, S[...], scale), 0, d.c)
         a_ref[...] = cm.state_in_term(qs, bs, dos, S[...], scale)
         S[...] = cm.state_update(ks, vs, bs, S[...])
 
@@ -303,11 +304,11 @@ def fused_bwd(q, k, v, b, do, h0, dht, *, chunk, scale, want_dh0, interpret=Fals
         def _():
             dS[...] = dht_ref[...] if dht_ref is not None else jnp.zeros(dS.shape, dS.dtype)
 
-        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, sub=d.sub) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
+        qs, ks, vs, bs, dos = (_sub_blocks(r, n_sub, 0, d.c) for r in (q_ref, k_ref, v_ref, b_ref, do_ref))
         dk, dv, kappa = cm.chunk_dkv(qs, ks, vs, bs, dos, dS[...], cm.intra_scores(qs, ks, bs, scale), scale,
                                      key_term=True)
-        _store(dk_ref, dk, sub=d.sub)
-        _store(dv_ref, dv, sub=d.sub)
+        _store(dk_ref, dk, 0, d.c)
+        _store(dv_ref, dv, 0, d.c)
         c = cm.state_out_term(ks, vs, bs, dS[...])
         c_ref[...] = c
         e_ref[...] = kappa - c

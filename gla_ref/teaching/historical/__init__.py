@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gla_ref import device
+from gla_ref import device, specs
 from gla_ref._validate import check_flag, check_gate_values, check_scale
 from gla_ref.triton.common.host import (
     MAX_K,
@@ -57,10 +57,10 @@ from gla_ref.teaching.historical.prepare_qg_kg import launch_prepare_qg_kg
 __all__ = ["CHUNK", "fused_chunk_gla_historical", "historical_combine", "historical_decay_cumsum",
            "historical_inter_chunk", "historical_intra_chunk", "historical_prepare_qg_kg"]
 
-CHUNK = 16
-"""BT, the chunk size: fixed, as in the original (tl.dot's smallest tile)."""
+CHUNK = specs.HISTORICAL_CHUNK
+"""C, the chunk size: fixed, as in the original (tl.dot's smallest tile)."""
 
-MAX_BLOCK = 64
+MAX_BLOCK = specs.HISTORICAL_MAX_BLOCK
 """BK and BV are at most 64, as in the original: larger K or V is split over programs."""
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

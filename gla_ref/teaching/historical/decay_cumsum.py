@@ -1,6 +1,6 @@
 """Historical step 1 — ``fwd_decay_cumsum``: chunk-local cumulative gates in log base 2.
 
-For chunk n of BT = 16 tokens the kernel writes
+For chunk n of C = 16 tokens the kernel writes
 
     b[r] = Σ_{s ≤ r} g_s / ln 2        (r = 0..15, the sum restarted at every chunk start)
 
@@ -26,11 +26,11 @@ from gla_ref.triton.common.gates import valid_gate
 
 @autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]), ["K", "BK"])
 @triton.jit
-def decay_cumsum_kernel(g, b, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+def decay_cumsum_kernel(g, b, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
                         BK: tl.constexpr):
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    rows = (i_n * BT + tl.arange(0, BT)).to(tl.int64)
+    rows = (i_n * C + tl.arange(0, C)).to(tl.int64)
     o_k = i_k * BK + tl.arange(0, BK)
     offs = (i_b * T * H + i_h) * K + rows[:, None] * (H * K) + o_k[None, :]
     mask = (rows < T)[:, None] & (o_k < K)[None, :]
@@ -38,10 +38,10 @@ def decay_cumsum_kernel(g, b, T, H: tl.constexpr, K: tl.constexpr, BT: tl.conste
     tl.store(b + offs, tl.cumsum(b_g, axis=0), mask=mask)
 
 
-def launch_decay_cumsum(g: torch.Tensor, BT: int, BK: int) -> torch.Tensor:
+def launch_decay_cumsum(g: torch.Tensor, chunk_size: int, BK: int) -> torch.Tensor:
     """b from a contiguous ``[B, T, H, K]`` natural-log gate (already validated)."""
     B, T, H, K = g.shape
     b = torch.empty(g.shape, dtype=torch.float32, device=g.device)
-    grid = (triton.cdiv(K, BK), triton.cdiv(T, BT), B * H)
-    decay_cumsum_kernel[grid](g, b, T, H=H, K=K, BT=BT, BK=BK)
+    grid = (triton.cdiv(K, BK), triton.cdiv(T, chunk_size), B * H)
+    decay_cumsum_kernel[grid](g, b, T, H=H, K=K, C=chunk_size, BK=BK)
     return b

@@ -26,21 +26,21 @@ from gla_ref.triton.common.gates import at_most_zero
 
 @autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (4, 2, 8)]), ["K", "BK"])
 @triton.jit
-def inner_chunk_kernel(q, k, b, A, scale, T, B, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+def inner_chunk_kernel(q, k, b, A, scale, T, B, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
                        BK: tl.constexpr):
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    o_t = tl.arange(0, BT)
+    o_t = tl.arange(0, C)
     o_k = i_k * BK + tl.arange(0, BK)
     head = (i_b * T * H + i_h) * K
-    rows = (i_n * BT + o_t).to(tl.int64)
+    rows = (i_n * C + o_t).to(tl.int64)
     offs = head + rows[:, None] * (H * K) + o_k[None, :]
     mask = (rows < T)[:, None] & (o_k < K)[None, :]
     b_k = tl.load(k + offs, mask=mask, other=0.0).to(tl.float32)
     b_b = tl.load(b + offs, mask=mask, other=0.0)
-    p_A = A + ((i_k.to(tl.int64) * B * H + i_bh) * tl.cdiv(T, BT) + i_n) * (BT * BT)
-    for i in range(0, BT):
-        t = i_n.to(tl.int64) * BT + i
+    p_A = A + ((i_k.to(tl.int64) * B * H + i_bh) * tl.cdiv(T, C) + i_n) * (C * C)
+    for i in range(0, C):
+        t = i_n.to(tl.int64) * C + i
         m_i = (o_k < K) & (o_k * 0 + t < T)  # the token test as a vector (the interpreter wants one)
         b_qi = tl.load(q + head + t * (H * K) + o_k, mask=m_i, other=0.0).to(tl.float32) * scale
         b_bi = tl.load(b + head + t * (H * K) + o_k, mask=m_i, other=0.0)
@@ -49,13 +49,13 @@ def inner_chunk_kernel(q, k, b, A, scale, T, B, H: tl.constexpr, K: tl.constexpr
         # 0) by a where that keeps the NaN of an invalid gate (tl.minimum would return 0 for it)
         d = tl.where(causal[:, None], at_most_zero(b_bi[None, :] - b_b), 0.0)
         s = tl.sum(b_qi[None, :] * b_k * tl.exp2(d), axis=1)
-        tl.store(p_A + i * BT + o_t, tl.where(causal, s, 0.0))
+        tl.store(p_A + i * C + o_t, tl.where(causal, s, 0.0))
 
 
-def launch_inner_chunk(q, k, b, scale: float, BT: int, BK: int) -> torch.Tensor:
-    """A ``[NK, B, H, N, BT, BT]`` float32 from contiguous, validated q, k ``[B, T, H, K]`` and b."""
+def launch_inner_chunk(q, k, b, scale: float, chunk_size: int, BK: int) -> torch.Tensor:
+    """A ``[NK, B, H, N, C, C]`` float32 (C = ``chunk_size``) from contiguous, validated q, k ``[B, T, H, K]`` and b."""
     B, T, H, K = q.shape
-    grid = (triton.cdiv(K, BK), triton.cdiv(T, BT), B * H)
-    A = torch.empty(grid[0], B, H, grid[1], BT, BT, dtype=torch.float32, device=q.device)
-    inner_chunk_kernel[grid](q, k, b, A, scale, T, B, H=H, K=K, BT=BT, BK=BK)
+    grid = (triton.cdiv(K, BK), triton.cdiv(T, chunk_size), B * H)
+    A = torch.empty(grid[0], B, H, grid[1], chunk_size, chunk_size, dtype=torch.float32, device=q.device)
+    inner_chunk_kernel[grid](q, k, b, A, scale, T, B, H=H, K=K, C=chunk_size, BK=BK)
     return A

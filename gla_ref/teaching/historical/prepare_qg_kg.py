@@ -27,16 +27,16 @@ from gla_ref.triton.common.gates import at_most_zero
 @autotune(autotune_configs([triton.Config({}, num_warps=w) for w in (1, 2, 4)]), ["K", "BK"])
 @triton.jit
 def prepare_qg_kg_kernel(q, k, b, qg, kg, scale, T, H: tl.constexpr, K: tl.constexpr,
-                         BT: tl.constexpr, BK: tl.constexpr):
+                         C: tl.constexpr, BK: tl.constexpr):
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    rows = (i_n * BT + tl.arange(0, BT)).to(tl.int64)
+    rows = (i_n * C + tl.arange(0, C)).to(tl.int64)
     o_k = i_k * BK + tl.arange(0, BK)
     head = (i_b * T * H + i_h) * K
     offs = head + rows[:, None] * (H * K) + o_k[None, :]
     mask = (rows < T)[:, None] & (o_k < K)[None, :]
     b_b = tl.load(b + offs, mask=mask, other=0.0)
-    last = tl.minimum(i_n * BT + BT - 1, T - 1).to(tl.int64)  # padded rows would repeat this row
+    last = tl.minimum(i_n * C + C - 1, T - 1).to(tl.int64)  # padded rows would repeat this row
     b_last = tl.load(b + head + last * (H * K) + o_k, mask=o_k < K, other=0.0)
     b_q = tl.load(q + offs, mask=mask, other=0.0).to(tl.float32) * tl.exp2(b_b) * scale
     # b_last − b is ≤ 0 up to rounding of the scan: cap it so no positive exponent is evaluated,
@@ -46,10 +46,10 @@ def prepare_qg_kg_kernel(q, k, b, qg, kg, scale, T, H: tl.constexpr, K: tl.const
     tl.store(kg + offs, b_k.to(kg.dtype.element_ty), mask=mask)
 
 
-def launch_prepare_qg_kg(q, k, b, scale: float, BT: int, BK: int):
+def launch_prepare_qg_kg(q, k, b, scale: float, chunk_size: int, BK: int):
     """``(q_g, k_g)`` in q's dtype from contiguous, validated q, k ``[B, T, H, K]`` and b (float32)."""
     B, T, H, K = q.shape
     qg, kg = torch.empty_like(q), torch.empty_like(k)
-    grid = (triton.cdiv(K, BK), triton.cdiv(T, BT), B * H)
-    prepare_qg_kg_kernel[grid](q, k, b, qg, kg, scale, T, H=H, K=K, BT=BT, BK=BK)
+    grid = (triton.cdiv(K, BK), triton.cdiv(T, chunk_size), B * H)
+    prepare_qg_kg_kernel[grid](q, k, b, qg, kg, scale, T, H=H, K=K, C=chunk_size, BK=BK)
     return qg, kg

@@ -1,14 +1,14 @@
 """Chunkwise GLA with materialised states and secondary-level chunking (paper Alg. 3/4, §4.3).
 
-Notation (book/notation.md): ``gc`` is the chunk-local cumulative log-gate log Λ (``b``, restarted
-at every chunk), so exp(gc) = Λ (queries, from the chunk start), exp(gc_last − gc) = Γ (keys, to the
-chunk end) and exp(gc_last) = γ (the whole chunk). Chunk indices here are 0-based: the chunk at
+Notation (book/notation.md): ``b`` is the chunk-local cumulative log-gate log Λ (restarted at every
+chunk, as in the references), so exp(b) = Λ (queries, from the chunk start), exp(b_last − b) = Γ
+(keys, to the chunk end) and exp(b_last) = γ (the whole chunk). Chunk indices here are 0-based: the chunk at
 index i is chunk [i+1] of the math, ``h[:, :, i]`` holds S_[i], the state *entering* it, and
 ``dh[:, :, i]`` holds dS_[i+1], the gradient of the state *leaving* it.
 
 Forward, one kernel per step:
 
-1. gc = log Λ, the chunk-local cumsum of the log-gates, float32, and from it the two decayed
+1. b = log Λ, the chunk-local cumsum of the log-gates, float32, and from it the two decayed
    operands of steps 2 and 4 in the input dtype: K ⊙ Γ and scale·Q ⊙ Λ
    (:mod:`chunk_cumsum`; freed when the forward ends)
 2. h: S_[i], the state entering each chunk (stored in the input dtype, or float32 with
@@ -18,14 +18,14 @@ Forward, one kernel per step:
    stored in the input dtype, which both readers round it to       (:mod:`chunk_intra`)
 4. O_[i+1] = (scale·Q ⊙ Λ) S_[i] + (A ⊙ M) V                        (:mod:`chunk_output`)
 
-Steps 2 and 4 take the decayed operands rather than q, k and gc: they round them to the input dtype
+Steps 2 and 4 take the decayed operands rather than q, k and b: they round them to the input dtype
 for their matmuls anyway, so forming them once in step 1 changes no bit of their products and
-spares the sequential state kernel and every value block of the output kernel the float32 gc
+spares the sequential state kernel and every value block of the output kernel the float32 b
 tile (benchmarks/results/decayed_operands_nvidia_h200.json).
 
 Backward, seven numbered steps (those of the FLA reading notes; chapters 4 and 6 use these numbers):
 
-1. gc = log Λ: not recomputed, the forward saves it (with A) for the backward.
+1. b = log Λ: not recomputed, the forward saves it (with A) for the backward.
    Computed once, by the forward's :func:`chunk_cumsum.chunk_gates_and_operands`.
 2. h = S_[0..N−1], the states entering the chunks, recomputed (forward step 2 again), in float32.
    :func:`chunk_state.chunk_state_fwd` (kernel ``chunk_state_fwd_kernel``).
@@ -71,27 +71,27 @@ class ChunkGLAFunction(torch.autograd.Function):
                 states_in_fp32=False):
         q, k, v, g = (x.contiguous() for x in (q, k, v, g))
         h0 = None if initial_state is None else initial_state.contiguous()
-        gc, qt, kt = chunk_gates_and_operands(q, k, g, scale, chunk_size, varlen)
-        h, ht = chunk_state_fwd(kt, v, gc, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32,
+        b, qt, kt = chunk_gates_and_operands(q, k, g, scale, chunk_size, varlen)
+        h, ht = chunk_state_fwd(kt, v, b, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32,
                                 decayed=True)
         del kt                                   # before A is allocated: the forward's peak stays lower
-        A = chunk_intra_attention(q, k, gc, scale, chunk_size, varlen)
+        A = chunk_intra_attention(q, k, b, scale, chunk_size, varlen)
         o = chunk_output(qt, v, h, A, chunk_size, varlen)
-        ctx.save_for_backward(q, k, v, gc, h0, A)
+        ctx.save_for_backward(q, k, v, b, h0, A)
         ctx.scale, ctx.chunk_size, ctx.g_dtype, ctx.varlen = scale, chunk_size, g.dtype, varlen
         return o, ht
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do, dht):
-        q, k, v, gc, h0, A = ctx.saved_tensors
+        q, k, v, b, h0, A = ctx.saved_tensors
         C, scale, varlen = ctx.chunk_size, ctx.scale, ctx.varlen
         do = do.contiguous()
         dht = None if dht is None else dht.contiguous()
-        h, _ = chunk_state_fwd(k, v, gc, h0, False, C, varlen, states_in_fp32=True)  # dq, dk read it: float32
-        dh, dh0 = chunk_state_bwd(q, gc, do, dht, scale, h0 is not None, C, varlen)
-        dv = chunk_bwd_dv(k, gc, A, dh, do, C, varlen)
-        dq, dk, dg = chunk_bwd_dqkg(q, k, v, gc, h, dh, do, scale, C, ctx.g_dtype, varlen)
+        h, _ = chunk_state_fwd(k, v, b, h0, False, C, varlen, states_in_fp32=True)  # dq, dk read it: float32
+        dh, dh0 = chunk_state_bwd(q, b, do, dht, scale, h0 is not None, C, varlen)
+        dv = chunk_bwd_dv(k, b, A, dh, do, C, varlen)
+        dq, dk, dg = chunk_bwd_dqkg(q, k, v, b, h, dh, do, scale, C, ctx.g_dtype, varlen)
         return dq, dk, dv, dg, None, dh0, None, None, None, None
 
 

@@ -2,38 +2,38 @@
 and their gradients dS_[i+1] of step 3).
 
 Chunk indices are 0-based: the chunk at index i is chunk [i+1] of the math, S_[i] = ``h[:, :, i]`` enters
-it and dS_[i+1] = ``dh[:, :, i]`` is the gradient of the state leaving it; gc = log Λ the chunk-local
-cumulative log-gate (book/notation.md: Λ = exp gc, Γ = exp(gc_last − gc), γ = exp gc_last).
+it and dS_[i+1] = ``dh[:, :, i]`` is the gradient of the state leaving it; b = log Λ the chunk-local
+cumulative log-gate (book/notation.md: Λ = exp b, Γ = exp(b_last − b), γ = exp b_last).
 
 **Step 4, dv** (one kernel). In the chunk at index i, with A from the forward (scale included) and M
 the causal mask,
 
-    dV_[i+1] = (A ⊙ M)ᵀ dO_[i+1] + (K_[i+1] ⊙ exp(gc_last − gc)) dS_[i+1].
+    dV_[i+1] = (A ⊙ M)ᵀ dO_[i+1] + (K_[i+1] ⊙ exp(b_last − b)) dS_[i+1].
 
-Grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``; HBM: A, dO, k, gc and a ``K × BV`` slice of dS_[i+1] read, dv written.
+Grid ``(⌈V/BV⌉, ⌈T/C⌉, B·H)``; HBM: A, dO, k, b and a ``K × BV`` slice of dS_[i+1] read, dv written.
 
 **Step 5, dA** (one kernel). dA = scale · (dO Vᵀ) ⊙ M, the cotangent of A / scale (A includes the scale),
 stored in float32 ``[B, T, H, C]`` like A (zeros above the diagonal). Grid ``(⌈T/C⌉, B·H)``; HBM: dO and v
 read once.
 
-**Step 6, intra-chunk dq, dk** (:mod:`chunk_backward_intra`): from dA, q, k and gc by sub-chunks, written in
+**Step 6, intra-chunk dq, dk** (:mod:`chunk_backward_intra`): from dA, q, k and b by sub-chunks, written in
 float32.
 
 **Step 7, dq, dk, dg** (one kernel: the inter-chunk parts added to the intra-chunk ones, then the
 gate gradient). A V loop forms, with S_[i] the state entering the chunk and dS_[i+1] the gradient of
 the one leaving it,
 
-    dQ_inter = scale · exp gc ⊙ (dO S_[i]ᵀ),      dK_inter = exp(gc_last − gc) ⊙ (V dS_[i+1]ᵀ),
+    dQ_inter = scale · exp b ⊙ (dO S_[i]ᵀ),      dK_inter = exp(b_last − b) ⊙ (V dS_[i+1]ᵀ),
 
 which are added to the intra-chunk parts. The gate gradient is the closed form of paper §4.3
-restricted to one chunk: with dgc = q ⊙ dq − k ⊙ dk (the gradient of gc, row by row),
+restricted to one chunk: with db = q ⊙ dq − k ⊙ dk (the gradient of b, row by row),
 
-    dg_j = Σ_{j' ≥ j in chunk} dgc_{j'}  +  dlogγ,
+    dg_j = Σ_{j' ≥ j in chunk} db_{j'}  +  dlogγ,
     dlogγ = γ ⊙ Σ_v (S_[i] ⊙ dS_[i+1])  +  Σ_j k_j ⊙ dk_inter,j,
 
-dlogγ being the gradient of the chunk's total log-decay log γ = gc_last (which every token's g
+dlogγ being the gradient of the chunk's total log-decay log γ = b_last (which every token's g
 enters), so no sequence-wide reverse cumsum is needed. Grid ``(⌈K/BK⌉, ⌈T/C⌉, B·H)``: a program owns a chunk's
-``C × BK`` tiles of dq, dk, dg. HBM: dO, v, a ``BK × V`` slice of S_[i] and dS_[i+1], then q, k, gc and
+``C × BK`` tiles of dq, dk, dg. HBM: dO, v, a ``BK × V`` slice of S_[i] and dS_[i+1], then q, k, b and
 the float32 intra-chunk dq, dk read; dq, dk, dg written once.
 
 Packed batch (``varlen``): every grid's chunk axis runs over the NT chunks of all sequences and its
@@ -57,6 +57,7 @@ from gla_ref.triton.common.host import (
     num_chunks,
     varlen_args,
 )
+from gla_ref.triton.common.precision import dot_precision
 from gla_ref.triton.common.tiles import (
     block_range,
     chunk_state_offset,
@@ -71,7 +72,6 @@ from gla_ref.triton.common.tiles import (
     token_bases,
 )
 from gla_ref.triton.chunk.backward_intra import chunk_bwd_dqk_intra
-from gla_ref.triton.chunk.state import _precision
 
 
 def _dqkg_configs():
@@ -84,7 +84,7 @@ def _dqkg_configs():
 
 @autotune(block_configs("BV"), ["K", "V", "C", "IS_VARLEN"], BV="V")
 @triton.jit
-def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, cu_seqlens, chunk_indices, T, H: tl.constexpr,
+def chunk_bwd_dv_kernel(k, b, A, dh, do, dv, cu_seqlens, chunk_indices, T, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                         BV: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -102,8 +102,8 @@ def chunk_bwd_dv_kernel(k, gc, A, dh, do, dv, cu_seqlens, chunk_indices, T, H: t
     for i_k in range(tl.cdiv(K, BK)):
         o_k, m_k = block_range(i_k, BK, K)
         b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K)
-        b_g = tl.load(gc + base_k + t_c[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
-        g_last = tl.load(gc + base_k + t_last * (H * K) + o_k, mask=m_k, other=0.0)
+        b_g = tl.load(b + base_k + t_c[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
+        g_last = tl.load(b + base_k + t_last * (H * K) + o_k, mask=m_k, other=0.0)
         b_kt = (b_k * tl.exp(g_last[None, :] - b_g)).to(b_k.dtype)
         b_dh = load_rows(p_dh, o_k, m_k, o_v, m_v, V)
         b_dv += tl.dot(b_kt, b_dh.to(b_k.dtype), input_precision=PREC)
@@ -132,7 +132,7 @@ def chunk_bwd_dA_kernel(v, do, dA, cu_seqlens, chunk_indices, scale, T, H: tl.co
 
 @autotune(_dqkg_configs(), ["K", "V", "C", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
-def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg, cu_seqlens, chunk_indices,
+def chunk_bwd_dqkg_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, dg, cu_seqlens, chunk_indices,
                           scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                           C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                           IS_VARLEN: tl.constexpr):
@@ -147,8 +147,8 @@ def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg
 
     _, b_dq, b_dk, b_hdh = inter_chunk_dqk(v, do, h, dh, base_v, p_state, t, m_t, o_k, m_k,
                                            H, V, C, BK, BV, PREC, WITH_DA=False)
-    b_g = tl.load(gc + base_k + t_c[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
-    g_last = tl.load(gc + base_k + t_last * (H * K) + o_k, mask=m_k, other=0.0)
+    b_g = tl.load(b + base_k + t_c[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
+    g_last = tl.load(b + base_k + t_last * (H * K) + o_k, mask=m_k, other=0.0)
     b_dk *= tl.exp(g_last[None, :] - b_g)
     b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
     b_dgamma = b_hdh * tl.exp(g_last) + tl.sum(b_k * b_dk, axis=0)
@@ -157,20 +157,20 @@ def chunk_bwd_dqkg_kernel(q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg
     store_rows(dq + base_k, b_dq, t, m_t, o_k, m_k, H * K)
     store_rows(dk + base_k, b_dk, t, m_t, o_k, m_k, H * K)
 
-    # gate gradient: reverse cumulative sum of dgc inside the chunk, plus the chunk-decay term
+    # gate gradient: reverse cumulative sum of db inside the chunk, plus the chunk-decay term
     b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K).to(tl.float32)
     b_dg = reverse_cumsum(b_q * b_dq - b_k * b_dk) + b_dgamma[None, :]
     store_rows(dg + base_k, b_dg, t, m_t, o_k, m_k, H * K)
 
 
-def chunk_bwd_dv(k, gc, A, dh, do, chunk_size: int, varlen=None) -> torch.Tensor:
+def chunk_bwd_dv(k, b, A, dh, do, chunk_size: int, varlen=None) -> torch.Tensor:
     """dv ``[B, T, H, V]`` in do's dtype (chunks of each packed sequence with ``varlen``)."""
     B, T, H, K = k.shape
     V = do.shape[-1]
     dv = torch.empty_like(do)
     grid = lambda meta: (cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
-    chunk_bwd_dv_kernel[grid](k, gc, A, dh, do, dv, T=T, H=H, K=K,
-                              V=V, C=chunk_size, BK=min(64, block(K)), PREC=_precision(k), **varlen_args(varlen))
+    chunk_bwd_dv_kernel[grid](k, b, A, dh, do, dv, T=T, H=H, K=K,
+                              V=V, C=chunk_size, BK=min(64, block(K)), PREC=dot_precision(k), **varlen_args(varlen))
     return dv
 
 
@@ -180,18 +180,18 @@ def chunk_bwd_dA(v, do, scale: float, chunk_size: int, varlen=None) -> torch.Ten
     dA = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=v.device)
     chunk_bwd_dA_kernel[(num_chunks(T, chunk_size, varlen), B * H)](
         v, do, dA, scale=scale, T=T, H=H, V=V, C=chunk_size,
-        PREC=_precision(v), **varlen_args(varlen))
+        PREC=dot_precision(v), **varlen_args(varlen))
     return dA
 
 
-def chunk_bwd_dqkg(q, k, v, gc, h, dh, do, scale: float, chunk_size: int, g_dtype, varlen=None):
+def chunk_bwd_dqkg(q, k, v, b, h, dh, do, scale: float, chunk_size: int, g_dtype, varlen=None):
     """dq, dk (q's dtype) and dg (``g_dtype``): dA, then the intra-chunk and the inter-chunk kernels."""
     dA = chunk_bwd_dA(v, do, scale, chunk_size, varlen)
-    dq_intra, dk_intra = chunk_bwd_dqk_intra(q, k, gc, dA, chunk_size, varlen)
-    return chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale, chunk_size, g_dtype, varlen)
+    dq_intra, dk_intra = chunk_bwd_dqk_intra(q, k, b, dA, chunk_size, varlen)
+    return chunk_bwd_dqkg_inter(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, chunk_size, g_dtype, varlen)
 
 
-def chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, g_dtype,
+def chunk_bwd_dqkg_inter(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, g_dtype,
                          varlen=None):
     """The last step alone: the inter-chunk dq, dk added to the float32 intra-chunk parts, and dg."""
     B, T, H, K = q.shape
@@ -199,7 +199,7 @@ def chunk_bwd_dqkg_inter(q, k, v, gc, h, dh, do, dq_intra, dk_intra, scale: floa
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, dtype=g_dtype, device=q.device)
     grid = lambda meta: (cdiv(K, meta["BK"]), num_chunks(T, chunk_size, varlen), B * H)
-    chunk_bwd_dqkg_kernel[grid](q, k, v, gc, h, dh, do, dq_intra, dk_intra, dq, dk, dg, scale=scale, T=T,
+    chunk_bwd_dqkg_kernel[grid](q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, dg, scale=scale, T=T,
                                 H=H, K=K, V=V, C=chunk_size,
-                                PREC=_precision(q), **varlen_args(varlen))
+                                PREC=dot_precision(q), **varlen_args(varlen))
     return dq, dk, dg

@@ -1,10 +1,10 @@
 """Step 4 of the chunk GLA forward: the output of each chunk from its entering state and its matrix A.
 
-    O_[i+1] = (scale · Q_[i+1] ⊙ exp gc) S_[i]  +  (A ⊙ M) V_[i+1]
+    O_[i+1] = (scale · Q_[i+1] ⊙ exp b) S_[i]  +  (A ⊙ M) V_[i+1]
 
-for the chunk at 0-based index i (chunk [i+1] of the math), with gc = log Λ the chunk-local cumulative
-log-gate (book/notation.md: Λ = exp gc, Γ = exp(gc_last − gc), γ = exp gc_last) and S_[i] = ``h[:, :, i]``
-the state entering the chunk. The first term is the inter-chunk part (exponent gc ≤ 0: the reference row
+for the chunk at 0-based index i (chunk [i+1] of the math), with b = log Λ the chunk-local cumulative
+log-gate (book/notation.md: Λ = exp b, Γ = exp(b_last − b), γ = exp b_last) and S_[i] = ``h[:, :, i]``
+the state entering the chunk. The first term is the inter-chunk part (exponent b ≤ 0: the reference row
 is the chunk start, where S_[i] was taken), its query factor ``qt = scale · Q ⊙ Λ`` formed by step 1
 (:func:`~gla_ref.triton.chunk.cumsum.chunk_gates_and_operands`) in q's dtype; the second is the
 intra-chunk part, with A from :mod:`chunk_intra` (scale included) and M the causal mask, applied again
@@ -26,7 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
+from gla_ref import specs
 from gla_ref.triton.common.host import autotune, autotune_configs, cdiv, num_chunks, varlen_args
+from gla_ref.triton.common.precision import dot_precision
 from gla_ref.triton.common.tiles import (
     block_range,
     chunk_state_offset,
@@ -37,15 +39,14 @@ from gla_ref.triton.common.tiles import (
     store_rows,
     token_bases,
 )
-from gla_ref.triton.chunk.state import _precision
 
 
 def _configs():
     # BK ≥ 64: several dots go into one tile (triton-lang/triton#11366); the two configs that won at
     # the measured head shapes (benchmarks/results/config_timings_nvidia_h200.json), and 64 × 128, which
-    # read q and gc (now qt) half as often at V ≥ 256 (H200, T=4096: 0.64 -> 0.52 ms at 128x256, 2.0 -> 1.55 at 256x512)
+    # read q and b (now qt) half as often at V ≥ 256 (H200, T=4096: 0.64 -> 0.52 ms at 128x256, 2.0 -> 1.55 at 256x512)
     return autotune_configs([triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s)
-                             for bk, bv, w, s in ((64, 64, 4, 2), (128, 64, 4, 2), (64, 128, 4, 2))])
+                             for bk, bv, w, s in ((*specs.OUTPUT_BLOCKS, 4, 2), (128, 64, 4, 2), (64, 128, 4, 2))])
 
 
 @autotune(_configs(), ["K", "V", "C", "IS_VARLEN"], BK="K", BV="V")
@@ -80,6 +81,6 @@ def chunk_output(qt, v, h, A, chunk_size: int, varlen=None) -> torch.Tensor:
     V = v.shape[-1]
     o = torch.empty(B, T, H, V, dtype=qt.dtype, device=qt.device)
     grid = lambda meta: (cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
-    chunk_output_kernel[grid](qt, v, h, A, o, T=T, H=H, K=K, V=V, C=chunk_size, PREC=_precision(qt),
+    chunk_output_kernel[grid](qt, v, h, A, o, T=T, H=H, K=K, V=V, C=chunk_size, PREC=dot_precision(qt),
                               **varlen_args(varlen))
     return o

@@ -1,8 +1,8 @@
 """Step 2 of the chunk GLA forward, the chunk-state recurrence, and step 3 of its backward, the
 reverse twin for dh.
 
-Forward (paper Alg. 3, first loop). With gc = log Λ the chunk-local cumulative log-gate of a chunk
-and gc_last = log γ its last row, so that Λ = exp gc, Γ = exp(gc_last − gc), γ = exp gc_last
+Forward (paper Alg. 3, first loop). With b = log Λ the chunk-local cumulative log-gate of a chunk
+and b_last = log γ its last row, so that Λ = exp b, Γ = exp(b_last − b), γ = exp b_last
 (book/notation.md), and chunk indices 0-based (the chunk at index i is chunk [i+1] of the math):
 
     S_[0] = h0,      S_[i+1] = diag(γ_{i+1}) S_[i] + (K_[i+1] ⊙ Γ_[i+1])ᵀ V_[i+1]
@@ -20,16 +20,16 @@ right). With dS_[N] the cotangent of the final state (zero if none):
 ``dh[:, :, i]`` holds dS_[i+1], the gradient of the state *leaving* the chunk at index i (what its dk
 and dv need); the recurrence ends at dS_[0] = dh0.
 
-Both exponents are ≤ 0: gc_last − gc (keys against the chunk end) and gc (queries against the chunk
+Both exponents are ≤ 0: b_last − b (keys against the chunk end) and b (queries against the chunk
 start). GLA's forward passes ``decayed=True`` with k replaced by K ⊙ Γ from step 1
 (:func:`~gla_ref.triton.chunk.cumsum.chunk_gates_and_operands`, already in k's dtype): the kernel then
-reads only the last gc row of each chunk (log γ) instead of the float32 gc tile, which weighs as much
+reads only the last b row of each chunk (log γ) instead of the float32 b tile, which weighs as much
 as its k and v tiles together when BK = BV: fewer bytes for the one loop that waits on its loads.
-The backward's recomputation reads k and gc.
+The backward's recomputation reads k and b.
 
 Grid ``(⌈K/BK⌉, ⌈V/BV⌉, B·H)``: a program owns one ``BK × BV`` block of one head's state and walks
-the chunks in order (the only sequential loop of chunk GLA). HBM: k, v (or q, dO) and gc read once
-(the forward's ``decayed``: K ⊙ Γ, v and one gc row per chunk);
+the chunks in order (the only sequential loop of chunk GLA). HBM: k, v (or q, dO) and b read once
+(the forward's ``decayed``: K ⊙ Γ, v and one b row per chunk);
 one ``BK × BV`` block written per chunk, in h's dtype (2 bytes an element for bf16/fp16 inputs,
 4 with ``states_in_fp32``). ``GATE_K`` picks the gate layout: per key
 ``[B, T, H, K]`` (GLA) or one scalar per token ``[B, T, H]`` (simple GLA).
@@ -46,8 +46,10 @@ import torch
 import triton
 import triton.language as tl
 
+from gla_ref import specs
 from gla_ref._validate import check_flag
 from gla_ref.triton.common.host import autotune, autotune_configs, cdiv, num_chunks, num_sequences
+from gla_ref.triton.common.precision import dot_precision
 from gla_ref.triton.common.tiles import load_rows, sequence_chunks, token_base, token_bases
 
 
@@ -69,29 +71,29 @@ def _fwd_configs():
     # decayed path to 0.78–0.96× of those at every head shape (state_configs_nvidia_h200.json), and 32 × 64 the
     # backward's recomputation at 64 × 64 to 0.82× (twice the programs: 256 for 128 heads, on 132 SMs).
     return autotune_configs([triton.Config({"BK": bk, "BV": bv}, num_warps=w, num_stages=s)
-                             for bk, bv, w, s in ((32, 128, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2), (32, 256, 8, 2),
-                                                  (64, 64, 4, 3), (64, 128, 8, 3), (32, 64, 4, 2))])
+                             for bk, bv, w, s in ((*specs.STATE_FWD_BLOCKS, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2),
+                                                  (32, 256, 8, 2), (64, 64, 4, 3), (64, 128, 8, 3), (32, 64, 4, 2))])
 
 
 @triton.jit
-def _last_gate_row(gc, base_g, t_last, o_k, m_k, HK: tl.constexpr, H: tl.constexpr, GATE_K: tl.constexpr):
-    """The last gc row of a chunk, log γ (``[BK]`` per key, a scalar for scalar gates)."""
+def _last_gate_row(b, base_g, t_last, o_k, m_k, HK: tl.constexpr, H: tl.constexpr, GATE_K: tl.constexpr):
+    """The last b row of a chunk, log γ (``[BK]`` per key, a scalar for scalar gates)."""
     if GATE_K:
-        g_last = tl.load(gc + base_g + t_last * HK + o_k, mask=m_k, other=0.0)
+        g_last = tl.load(b + base_g + t_last * HK + o_k, mask=m_k, other=0.0)
     else:
-        g_last = tl.load(gc + base_g + t_last * H)
+        g_last = tl.load(b + base_g + t_last * H)
     return g_last
 
 
 @triton.jit
-def _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, HK: tl.constexpr, H: tl.constexpr,
+def _chunk_gates(b, base_g, t_c, t_last, o_k, m_k, HK: tl.constexpr, H: tl.constexpr,
                  GATE_K: tl.constexpr):
-    """gc rows of one chunk and its last row log γ (rows past T repeat the last real row)."""
+    """b rows of one chunk and its last row log γ (rows past T repeat the last real row)."""
     if GATE_K:
-        b_g = tl.load(gc + base_g + t_c[:, None] * HK + o_k[None, :], mask=m_k[None, :], other=0.0)
+        b_g = tl.load(b + base_g + t_c[:, None] * HK + o_k[None, :], mask=m_k[None, :], other=0.0)
     else:
-        b_g = tl.load(gc + base_g + t_c * H)
-    return b_g, _last_gate_row(gc, base_g, t_last, o_k, m_k, HK, H, GATE_K)
+        b_g = tl.load(b + base_g + t_c * H)
+    return b_g, _last_gate_row(b, base_g, t_last, o_k, m_k, HK, H, GATE_K)
 
 
 @triton.jit
@@ -115,7 +117,7 @@ def _state_block(i_k, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, B
 
 @triton.jit
 def _token_bases(bos, i_h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GATE_K: tl.constexpr):
-    """Offsets of (token row bos, head i_h) in ``[B, T, H, K]``, ``[B, T, H, V]`` and gc (per key or scalar)."""
+    """Offsets of (token row bos, head i_h) in ``[B, T, H, K]``, ``[B, T, H, V]`` and b (per key or scalar)."""
     base_k, base_v = token_bases(bos, i_h, H, K, V)
     base_g = base_k
     if not GATE_K:
@@ -125,7 +127,7 @@ def _token_bases(bos, i_h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GA
 
 @autotune(_fwd_configs(), ["K", "V", "GATE_K", "DECAYED", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
-def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
+def chunk_state_fwd_kernel(k, v, b, h0, h, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
                            K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                            BV: tl.constexpr, GATE_K: tl.constexpr, DECAYED: tl.constexpr, USE_H0: tl.constexpr,
                            STORE_HT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
@@ -148,10 +150,10 @@ def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, H:
         b_k = load_rows(k + base_k, t, m_t, o_k, m_k, H * K)
         b_v = load_rows(v + base_v, t, m_t, o_v, m_v, H * V)
         if DECAYED:    # k holds K ⊙ Γ already (per-key gates): only the chunk decay γ is read
-            g_last = _last_gate_row(gc, base_g, t_last, o_k, m_k, H * K, H, GATE_K)
+            g_last = _last_gate_row(b, base_g, t_last, o_k, m_k, H * K, H, GATE_K)
             b_kt = b_k
         else:
-            b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
+            b_g, g_last = _chunk_gates(b, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
             if GATE_K:
                 b_kt = b_k * tl.exp(g_last[None, :] - b_g)
             else:
@@ -164,7 +166,7 @@ def chunk_state_fwd_kernel(k, v, gc, h0, h, ht, cu_seqlens, chunk_offsets, T, H:
 
 @autotune(_configs(), ["K", "V", "GATE_K", "IS_VARLEN"], BK="K", BV="V")
 @triton.jit
-def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, cu_seqlens, chunk_offsets, scale, T,
+def chunk_state_bwd_kernel(q, b, do, dht, dh, dh0, cu_seqlens, chunk_offsets, scale, T,
                            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, GATE_K: tl.constexpr,
                            USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr,
@@ -188,7 +190,7 @@ def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, cu_seqlens, chunk_offsets, s
         t_c, t_last = tl.minimum(t, T - 1), tl.minimum(i_n * C + C, T) - 1
         b_q = load_rows(q + base_k, t, m_t, o_k, m_k, H * K)
         b_do = load_rows(do + base_v, t, m_t, o_v, m_v, H * V)
-        b_g, g_last = _chunk_gates(gc, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
+        b_g, g_last = _chunk_gates(b, base_g, t_c, t_last, o_k, m_k, H * K, H, GATE_K)
         b_dh = _decay(b_dh, g_last, GATE_K)
         if GATE_K:
             b_qt = b_q * (tl.exp(b_g) * scale)
@@ -199,11 +201,6 @@ def chunk_state_bwd_kernel(q, gc, do, dht, dh, dh0, cu_seqlens, chunk_offsets, s
         tl.store(dh0 + i_bh.to(tl.int64) * K * V + o_kv, b_dh, mask=m_kv)
 
 
-def _precision(x: torch.Tensor) -> str:
-    """fp32 inputs take exact fp32 dots (tf32 would cost ~1e-3 relative error); half inputs ignore it."""
-    return "ieee" if x.dtype == torch.float32 else "tf32"
-
-
 def _varlen_kwargs(varlen):
     """The packed-path arguments of the two state kernels (the chunk offsets, not the chunk table)."""
     if varlen is None:
@@ -211,7 +208,7 @@ def _varlen_kwargs(varlen):
     return dict(cu_seqlens=varlen.cu_seqlens, chunk_offsets=varlen.chunk_offsets, IS_VARLEN=True)
 
 
-def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_size: int, varlen=None, *,
+def chunk_state_fwd(k, v, b, initial_state, output_final_state: bool, chunk_size: int, varlen=None, *,
                     states_in_fp32: bool = False, decayed: bool = False):
     """States entering each chunk ``h [B, H, NT, K, V]`` and the final state ``[N, H, K, V]`` (float32,
     or None). N = B, NT = ⌈T/C⌉; packed (``varlen``, B = 1): N sequences, NT chunks of them all.
@@ -219,7 +216,7 @@ def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_siz
     h is stored in k's dtype (half the bytes written here and read by the output kernel, for bf16 or
     fp16 inputs), or in float32 with ``states_in_fp32`` (what the backward recomputes: dq and dk
     read h). The recurrence itself runs in float32 either way. ``decayed``: k is K ⊙ Γ already (per-key
-    gc only), so only each chunk's last gc row is read."""
+    b only), so only each chunk's last b row is read."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     NT, N = num_chunks(T, chunk_size, varlen), num_sequences(B, varlen)
@@ -228,13 +225,13 @@ def chunk_state_fwd(k, v, gc, initial_state, output_final_state: bool, chunk_siz
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     grid = lambda meta: (cdiv(K, meta["BK"]), cdiv(V, meta["BV"]), N * H)
     chunk_state_fwd_kernel[grid](
-        k, v, gc, initial_state, h, ht, T=T, H=H, K=K, V=V,
-        C=chunk_size, GATE_K=gc.dim() == 4, DECAYED=decayed, USE_H0=initial_state is not None,
-        STORE_HT=output_final_state, PREC=_precision(k), **_varlen_kwargs(varlen))
+        k, v, b, initial_state, h, ht, T=T, H=H, K=K, V=V,
+        C=chunk_size, GATE_K=b.dim() == 4, DECAYED=decayed, USE_H0=initial_state is not None,
+        STORE_HT=output_final_state, PREC=dot_precision(k), **_varlen_kwargs(varlen))
     return h, ht
 
 
-def chunk_state_bwd(q, gc, do, dht, scale: float, need_dh0: bool, chunk_size: int, varlen=None):
+def chunk_state_bwd(q, b, do, dht, scale: float, need_dh0: bool, chunk_size: int, varlen=None):
     """``dh [B, H, NT, K, V]`` (gradient of the state leaving each chunk, float32) and dh0 ``[N, H, K, V]``
     (or None), laid out as in :func:`chunk_state_fwd`."""
     B, T, H, K = q.shape
@@ -244,7 +241,7 @@ def chunk_state_bwd(q, gc, do, dht, scale: float, need_dh0: bool, chunk_size: in
     dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
     grid = lambda meta: (cdiv(K, meta["BK"]), cdiv(V, meta["BV"]), N * H)
     chunk_state_bwd_kernel[grid](
-        q, gc, do, dht, dh, dh0, scale=scale, T=T, H=H, K=K, V=V,
-        C=chunk_size, GATE_K=gc.dim() == 4, USE_DHT=dht is not None, STORE_DH0=need_dh0,
-        PREC=_precision(q), **_varlen_kwargs(varlen))
+        q, b, do, dht, dh, dh0, scale=scale, T=T, H=H, K=K, V=V,
+        C=chunk_size, GATE_K=b.dim() == 4, USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        PREC=dot_precision(q), **_varlen_kwargs(varlen))
     return dh, dh0

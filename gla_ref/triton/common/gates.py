@@ -44,17 +44,6 @@ def gentle(b_g, g_p):
     return tl.max(tl.max(g_p[None, :] - b_g, axis=1), axis=0) <= _SAFE_DECAY
 
 
-def fast_grad_precision(x: torch.Tensor) -> str:
-    """``input_precision`` of the backward's fast-form matmuls for dq and dk, whose float32 operands carry
-    the factors e^{±b}: IEEE for float32 inputs, three TF32 products (float32's accuracy on tensor cores)
-    for 16-bit ones. (The forward's fast form takes one TF32 product: A and P are rounded to the input
-    dtype right after, and three products there cost the H200's intra kernel 0.37 -> 0.81 ms.)
-    One TF32 product (10 mantissa bits) took the gate gradient of 60-nat sub-chunks to 5.6e-3 relative
-    RMSE against float64 on the H200 (fp16 and bf16), where the exact form gives 2e-4 and 1.4e-3: dg
-    subtracts q ⊙ dq and k ⊙ dk terms far larger than itself there."""
-    return "ieee" if x.dtype == torch.float32 else "tf32x3"
-
-
 def invalid_to_nan(g: torch.Tensor) -> torch.Tensor:
     """:func:`valid_gate` for a gate that is combined on the host side before any kernel reads it
     (chunk_simple_gla adds ``g`` and ``g_gamma``: a positive g could hide in a negative sum)."""

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from gla_ref import device
+from gla_ref import device, specs
 from gla_ref._validate import MAX_K, MAX_V  # noqa: F401 (the limits every kernel shares, named here too)
 from gla_ref._validate import Dims, check_chunk_sizes, check_gate_values, check_head_dims, check_inputs
 from gla_ref.triton.common import ptxas
@@ -272,4 +272,4 @@ def block_configs(name: str) -> list:
     (``benchmarks/results/config_timings_nvidia_h200.json``; 32-wide blocks and 64 with 8 warps never did),
     and 128 with 4 warps, which took the dv kernel's share of a 256 × 512 step down by 0.6 ms on the H200."""
     return autotune_configs([triton.Config({name: b}, num_warps=w, num_stages=s)
-                             for b, w, s in ((64, 4, 2), (64, 4, 3), (128, 8, 2), (128, 4, 2))])
+                             for b, w, s in ((specs.BLOCK_CONFIGS_FIRST, 4, 2), (64, 4, 3), (128, 8, 2), (128, 4, 2))])

@@ -70,8 +70,8 @@ import triton
 import triton.language as tl
 
 from gla_ref.triton.common.host import autotune
-from gla_ref.triton.common.gates import fast_grad_precision
 from gla_ref.triton.common.launch_cache import cache_launches
+from gla_ref.triton.common.precision import fast_grad_dot_precision
 from gla_ref.triton.common.tiles import reverse_cumsum_dot, sequence_tokens, synced, token_bases
 from gla_ref.triton.fused_chunk.forward import (
     causal,
@@ -344,7 +344,7 @@ def fused_chunk_backward(q, k, v, g, h0, ht, do, dht, scale, chunk_size, states_
     dv = torch.empty_like(v)
     dh0 = None if h0 is None else torch.empty_like(h0)
     flags = dict(USE_G=g is not None, USE_DHT=dht is not None)
-    key_meta["FPREC"] = fast_grad_precision(q)  # dq and dk from the fast form: float32 sums, dg subtracts them
+    key_meta["FPREC"] = fast_grad_dot_precision(q)  # dq and dk from the fast form: float32 sums, dg subtracts them
     parking = dict(RESTART=RESTART, HALVES=dv.element_size() == 2)  # the dq kernel's states, in dv's buffer
     rows = (2 if parking["HALVES"] else 1) * k.shape[-1]
     if RESTART % chunk_size or RESTART < rows:  # a parked state fills rows of the RESTART tokens it closes

@@ -44,12 +44,13 @@ import torch
 import triton
 import triton.language as tl
 
+from gla_ref import specs
 from gla_ref.triton.common.host import autotune, autotune_configs, block, cdiv, num_sequences, sm_count
 from gla_ref.triton.common.gates import at_most_zero, gentle, valid_gate
+from gla_ref.triton.common.precision import dot_precision
 from gla_ref.triton.common.tiles import sequence_tokens, token_bases
-from gla_ref.triton.chunk.state import _precision
 
-STATE_ELEMENTS = 8192
+STATE_ELEMENTS = specs.FUSED_STATE_ELEMENTS
 """Float32 state elements a program holds: 32 KiB, 64 registers a thread at 4 warps (of 255).
 
 A program keeps one dimension of the state whole (≤ 256 padded) and splits the other into blocks
@@ -72,7 +73,7 @@ at :data:`WIDE_CHUNK_SIZE`, where it was measured."""
 WIDE_CHUNK_SIZE = 16
 """The chunk size (the default) at which :data:`WIDE_STATE_ELEMENTS` is taken. At C = 64 and K = 256 the
 dv kernel's wide tile needs 232 KiB of shared memory in its leanest config, over a Hopper block's 227
-(tests/test_triton_shared_memory.py)."""
+(tests/triton/test_triton_shared_memory.py)."""
 
 WHOLE_V = 256
 """Most values a program of the dq/dk kernels holds. K ≤ 256 is always held whole; a larger V is
@@ -87,7 +88,7 @@ CHUNK_SIZES = (16, 32, 64)
 def configs():
     """Warps and stages (no 2-warp config: 8192 state elements would take 128 registers a thread). One stage
     for the widest tiles: at C = 64 and K = 256 the forward and dv kernels' two stages of q, k and gate tiles
-    take 252 KiB of shared memory, over a Hopper block's 227 KiB (tests/test_triton_shared_memory.py)."""
+    take 252 KiB of shared memory, over a Hopper block's 227 KiB (tests/triton/test_triton_shared_memory.py)."""
     return autotune_configs([triton.Config({}, num_warps=w, num_stages=s)
                              for w, s in ((4, 2), (8, 2), (4, 3), (4, 1))])
 
@@ -109,7 +110,7 @@ def launch_meta(q, v, chunk_size, whole, varlen=None):
         BK = min(block(K), max(16, STATE_ELEMENTS // BV))
         grid = (cdiv(K, BK), heads, cdiv(V, BV))
     meta = dict(T=T, H=H, K=K, V=V, C=chunk_size, BK=BK, BV=BV,
-                PREC=_precision(q),
+                PREC=dot_precision(q),
                 cu_seqlens=None if varlen is None else varlen.cu_seqlens, IS_VARLEN=varlen is not None)
     return grid, meta
 

@@ -1,7 +1,7 @@
 """Step 1 of the forward on Mosaic GPU: the chunk-local cumulative log-gates ``b`` in one kernel.
 
 Status: the launcher's default for per-key gates (:data:`gla_ref.pallas.chunk.GATE_SUM_KERNELS`). Checked in the
-Mosaic GPU interpreter against float64 and lowered for CUDA (tests/test_pallas_mosaic_gpu.py); on an H200 (jax
+Mosaic GPU interpreter against float64 and lowered for CUDA (tests/pallas/test_pallas_mosaic_gpu.py); on an H200 (jax
 0.11.2, B=8, H=16, K=128, float32 g) within 1.0e-7 of the largest float64 sum, its NaN rule held, and the gates'
 step took 0.48 ms at T=4096 and 1.21 ms at 16384 against the scan's 0.62 and 1.81 ms
 (benchmarks/results/mosaic_forward_nvidia_h200.json, ``gate_kernel_only``). That is 1.8 TB/s for the 2.15 GB it
@@ -42,7 +42,8 @@ from jax.experimental import pallas as pl
 
 from gla_ref._validate import invalid_gates_to_nan
 from gla_ref.pallas import compat
-from gla_ref.pallas.launchers.mosaic_gpu import CHUNK, MIN_DIM, _interpret_params, _Ops, _tokens, _transforms, _triangle_ones
+from gla_ref.pallas.launchers.mosaic_gpu.common import (CHUNK_SIZE, MIN_DIM, Ops, interpret_params, tokens, transforms,
+                                                        triangle_ones)
 
 GATE_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 """The dtypes of ``g`` the kernel reads as they are (others are cast to float32 before it, in
@@ -63,7 +64,7 @@ def _three_parts(g, dtype=jnp.bfloat16):
 
 def _gate_sum_kernel(C, K, dtype, interpret):
     """The kernel body and its SMEM scratch: ``g [B, T, H, K]`` (``dtype``) → ``b [B, H, T, K]`` float32."""
-    ops = _Ops(interpret)
+    ops = Ops(interpret)
     mgpu = ops.mgpu
     W = mgpu.Layout.WGMMA
     bf16, f32 = jnp.bfloat16, jnp.float32
@@ -73,8 +74,8 @@ def _gate_sum_kernel(C, K, dtype, interpret):
         b_s = out[0] if own_out else g_s
         ib, ih, n = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("n")
         rows = pl.ds(n * C, C)
-        mgpu.copy_gmem_to_smem(_tokens(g_ref, ib, ih, rows), g_s, ready.at[0])
-        tri_s[...] = _triangle_ones(ops, C, bf16, upper=False)  # L and 𝟙 are formed while the tile is on its way
+        mgpu.copy_gmem_to_smem(tokens(g_ref, ib, ih, rows), g_s, ready.at[0])
+        tri_s[...] = triangle_ones(ops, C, bf16, upper=False)  # L and 𝟙 are formed while the tile is on its way
         ones_s[...] = ops.cast(jnp.ones((C, C), f32), W).astype(bf16)
         mgpu.barrier_wait(ready.at[0])
         g = invalid_gates_to_nan(ops.load(g_s, W).astype(f32), jnp.where)
@@ -95,31 +96,32 @@ def _gate_sum_kernel(C, K, dtype, interpret):
         mgpu.wait_smem_to_gmem(0)
 
     scratch = [
-        mgpu.SMEM((C, K), dtype, transforms=_transforms(dtype, K)),
-        mgpu.SMEM((C, K), bf16, transforms=_transforms(bf16, K)),
-        mgpu.SMEM((C, C), bf16, transforms=_transforms(bf16, C)),
-        mgpu.SMEM((C, C), bf16, transforms=_transforms(bf16, C)),
+        mgpu.SMEM((C, K), dtype, transforms=transforms(dtype, K)),
+        mgpu.SMEM((C, K), bf16, transforms=transforms(bf16, K)),
+        mgpu.SMEM((C, C), bf16, transforms=transforms(bf16, C)),
+        mgpu.SMEM((C, C), bf16, transforms=transforms(bf16, C)),
         mgpu.Barrier(num_arrivals=1, num_barriers=1),
     ]
     if own_out:
-        scratch.append(mgpu.SMEM((C, K), f32, transforms=_transforms(f32, K)))
+        scratch.append(mgpu.SMEM((C, K), f32, transforms=transforms(f32, K)))
     return kernel, scratch
 
 
-def gate_sums(g, *, chunk=CHUNK, interpret=False):
+def gate_sums(g, *, chunk_size=CHUNK_SIZE, interpret=False):
     """``b [B, H, T, K]`` (float32): the chunk-local cumulative sums of the log-gates ``g [B, T, H, K]`` (the API's
-    layout; float32, bfloat16 or float16; ``T`` a multiple of ``chunk``, ``K`` a power of two ≥ 64), with every
+    layout; float32, bfloat16 or float16; ``T`` a multiple of ``chunk_size``, ``K`` a power of two ≥ 64), with every
     invalid gate's chunk column NaN. One program per chunk on the grid ``(B, H, N)`` (module docstring)."""
     B, T, H, K = g.shape
-    if chunk != CHUNK or T % chunk:
-        raise ValueError(f"gate_sums takes chunk={CHUNK} and T a multiple of it, got chunk={chunk}, T={T}")
+    if chunk_size != CHUNK_SIZE or T % chunk_size:
+        raise ValueError(f"gate_sums takes chunk_size={CHUNK_SIZE} and T a multiple of it, "
+                         f"got chunk_size={chunk_size}, T={T}")
     if K < MIN_DIM or K & (K - 1):
         raise ValueError(f"gate_sums takes g with K a power of two >= {MIN_DIM} (a swizzled TMA row), got K={K}")
     if g.dtype not in GATE_DTYPES:
         raise TypeError(f"gate_sums takes g as float32, bfloat16 or float16, got {jnp.dtype(g.dtype).name}")
     mgpu = compat.mosaic_gpu()
-    kernel, scratch = _gate_sum_kernel(chunk, K, g.dtype, interpret)
+    kernel, scratch = _gate_sum_kernel(chunk_size, K, g.dtype, interpret)
     call = mgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((B, H, T, K), jnp.float32), scratch_types=scratch,
-                       grid=(B, H, T // chunk), grid_names=("b", "h", "n"), compiler_params=mgpu.CompilerParams(),
-                       interpret=_interpret_params(interpret), kernel_name="gla_gate_sums_mgpu")
+                       grid=(B, H, T // chunk_size), grid_names=("b", "h", "n"), compiler_params=mgpu.CompilerParams(),
+                       interpret=interpret_params(interpret), kernel_name="gla_gate_sums_mgpu")
     return call(g)
