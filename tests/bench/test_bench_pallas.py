@@ -117,6 +117,7 @@ def test_time_pallas_gla_rejects_unknown_candidates():
         harness.time_pallas_gla("jax_ref.chunk_gla", "bwd", 64)
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_the_chapter_schema(tmp_path):
     """The real thing at tiny shapes: a Pallas kernel (g_gamma inputs), the reference and a Triton
     kernel, each in its worker, forward and forward+backward, into a JSON chapter 5 can read."""

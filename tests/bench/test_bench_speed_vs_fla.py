@@ -74,9 +74,11 @@ def test_shapes_parse_and_refuse_nonsense():
 def test_autotune_entries_counts_each_tuned_key_once(monkeypatch):
     """Under the interpreter a kernel has one config and never fills its cache, so the smoke run's retune
     count is 0 whatever the keys hold; the counter itself is checked here on stand-in autotuners, and
-    the walk it relies on (first_call.autotuners) on the real package: each kernel once, by its home."""
+    the walk it relies on (gla_ref.triton.autotuners) on the real package: each kernel once, by its home."""
+    from gla_ref.triton.autotuners import autotuners
+
     script = _script()
-    real = script.autotuners()
+    real = autotuners()
     assert "chunk.state.chunk_state_fwd_kernel" in real and "chunk.intra.chunk_intra_kernel" in real
     assert len({id(t) for t in real.values()}) == len(real)  # a kernel imported elsewhere is not counted twice
 
@@ -85,7 +87,7 @@ def test_autotune_entries_counts_each_tuned_key_once(monkeypatch):
             self.cache = dict.fromkeys(range(n))
 
     tuners = {"a": StandIn(2), "b": StandIn(3)}
-    monkeypatch.setattr(script, "autotuners", lambda: tuners)
+    monkeypatch.setattr("gla_ref.triton.autotuners.autotuners", lambda: tuners)
     assert script.autotune_entries() == 5
     tuners["b"].cache["new key"] = None
     assert script.autotune_entries() == 6

@@ -216,6 +216,7 @@ def test_bad_conv_arguments(kw, error, match):
 
 # ----------------------------------------------------------------------------- Flax
 
+@pytest.mark.slow  # importing flax and compiling the layer: 26 s of CPU
 @pytest.mark.parametrize("gate", ["gla"])
 def test_flax_same_weights_same_function_as_pytorch(gate):
     jnp = pytest.importorskip("jax.numpy")

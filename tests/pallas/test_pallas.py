@@ -83,7 +83,7 @@ def _on_cpu():
 
 @pytest.mark.parametrize("variant, chunk_size, cores, shape", [
     ("chunk", 32, 1, {"T": 40}),
-    ("fused", 16, 2, {"T": 20, "B": 2}),
+    pytest.param("fused", 16, 2, {"T": 20, "B": 2}, marks=pytest.mark.slow),
     ("gamma_chunk", 16, 1, {"T": 20, "V": 136}),  # two value blocks of 128
 ])
 def test_tpu_launcher_interpreted(variant, chunk_size, cores, shape):

@@ -28,6 +28,7 @@ def smoke(tmp_path_factory):
     return bench.load_results(out)
 
 
+@pytest.mark.slow  # the smoke run (module fixture): 76 s of CPU
 def test_smoke_is_stamped_and_names_its_setup(smoke):
     env = smoke["env"]
     assert env["smoke"] is True and env["backend"] == "gloo" and env["NCCL_NVLS_ENABLE"] is None
@@ -36,6 +37,7 @@ def test_smoke_is_stamped_and_names_its_setup(smoke):
     assert smoke["two_devices"] == "run"
 
 
+@pytest.mark.slow  # the smoke run (module fixture): 76 s of CPU
 def test_smoke_accuracy_two_ranks_and_two_jax_devices_against_one_and_float64(smoke):
     acc = [r for r in smoke["rows"] if r.get("kind") == "accuracy"]
     assert sorted((r["framework"], r.get("rank")) for r in acc) == [("jax", None), ("torch", 0), ("torch", 1)]
@@ -49,6 +51,7 @@ def test_smoke_accuracy_two_ranks_and_two_jax_devices_against_one_and_float64(sm
             assert len(errs) == 2 and all(e < spb.TOL["float32"] for e in errs)
 
 
+@pytest.mark.slow  # the smoke run (module fixture): 76 s of CPU
 def test_smoke_times_every_length_and_bytes_do_not_grow_with_T(smoke):
     timed = [r for r in smoke["rows"] if "fwd_bwd" in r]
     lengths = {"one_device": spb.SMOKE["T"], "two_devices": spb.SMOKE["T"],

@@ -23,6 +23,9 @@ from gla_ref.sequence_parallel import local  # noqa: E402
 from gla_ref.testing import random_inputs, recurrence64, recurrence64_grads, rel_rmse  # noqa: E402
 from gla_ref.testing.cases import GRAD_TOL, TOL  # noqa: E402
 
+# every test reads the groups' results, run once by the module fixture `ranks`: 42 s of CPU in all
+pytestmark = pytest.mark.slow
+
 SHAPE = dict(B=1, H=2, K=4, V=3)
 C = 16
 STATE = 4 * SHAPE["B"] * SHAPE["H"] * SHAPE["K"] * SHAPE["V"]

@@ -4,22 +4,22 @@ a process that dies is reported as a fault, and the rows carry the errors agains
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import pathlib
 import subprocess
 import sys
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "triton_config_sweep.py"
+import pytest
+
+from gla_ref.testing.scripts import load_script, script_path
+
+SCRIPT = script_path("triton_config_sweep")
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("triton_config_sweep", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("triton_config_sweep")
 
 
+@pytest.mark.slow
 def test_sweep_covers_every_launched_kernel(tmp_path):
     out = tmp_path / "sweep.json"
     subprocess.run([sys.executable, str(SCRIPT), "chunk_simple_gla[g]", "--dtype", "float32",
@@ -41,6 +41,7 @@ def test_a_process_that_dies_is_a_fault():
     assert result["status"] == "fault" and "no_such_kernel" in result["error"]
 
 
+@pytest.mark.slow
 def test_only_sweeps_the_named_kernels(tmp_path):
     out = tmp_path / "sweep.json"
     subprocess.run([sys.executable, str(SCRIPT), "chunk_simple_gla[g_gamma]", "--dtype", "float32",
@@ -50,6 +51,7 @@ def test_only_sweeps_the_named_kernels(tmp_path):
     assert kernels == {"chunk.state.chunk_state_fwd_kernel", "chunk_simple.simple_bwd_dv_kernel"}
 
 
+@pytest.mark.slow
 def test_a_failing_probe_needs_only_and_then_sweeps_what_it_names(tmp_path):
     common = [sys.executable, str(SCRIPT), "no_such_kernel", "--shape", "1", "4", "1", "8", "8", "--steps", "1"]
     refused = subprocess.run(common, capture_output=True, text=True)

@@ -23,6 +23,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+# each case compiles every autotune config of the fused kernels for sm_90 in a fresh process: 1 to 5 min of CPU
+pytestmark = pytest.mark.slow
+
 HOPPER_SMEM = 232448  # bytes of shared memory a block may opt into on sm_90 (227 KiB)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
