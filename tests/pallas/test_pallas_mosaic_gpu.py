@@ -55,6 +55,7 @@ def _gpu_races():
     return None if state is None else bool(state.races_found)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant, shape, final", [
     ("chunk", {"T": 1, "h0": False}, True),                     # a single token, no initial state
     ("chunk", {"T": 100, "K": 20, "V": 80}, True),              # T not a multiple of the chunk; two value blocks
@@ -76,6 +77,7 @@ def test_small_shapes_against_float64(variant, shape, final):
                       interpret=None if shape["T"] == 1 else params, **shape)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["chunk", "fused", "gamma_fused"])
 def test_bfloat16_accuracy_at_a_realistic_length(variant):
     """The issue's bound: bf16 within 5e-3 relative RMSE of the float64 recurrence (same bf16
@@ -87,6 +89,7 @@ def test_bfloat16_accuracy_at_a_realistic_length(variant):
     assert errors["o"] > 1e-3 and errors["dg"] > 1e-4  # bf16 rounding is measured, not a vacuous zero
 
 
+@pytest.mark.slow
 def test_kernels_match_the_triton_backend_kernels():
     """Each of the four Mosaic GPU kernels gives what the Triton-backend kernel gives on the same inputs
     (same layout, same formulas, exponents and bf16 roundings at the same places) to float32
@@ -145,6 +148,7 @@ def test_kernels_match_the_triton_backend_kernels():
             assert err < tol, f"{name} output {i}: {err:.1e} from the Triton-backend kernel"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["chunk", "fused"])
 def test_steep_gates_take_the_exact_diagonal_tiles(variant):
     """Gates log σ(x)/0.1 (about −7 nats a token, over 64 in a 16-token sub-chunk) fail gentle_gates, so
@@ -179,6 +183,7 @@ def _chunk_local_b(g, C=64):
     return jnp.asarray(np.cumsum(g.reshape(B, H, -1, C, K), axis=3).reshape(B, H, -1, K))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant, shape", [
     ("chunk", {"T": 100, "K": 100, "V": 80, "h0": True}),  # K padded to 128: two key blocks; T not a multiple
     ("chunk", {"T": 70, "K": 40, "V": 24, "h0": False}),   # one key block, no initial state
@@ -221,6 +226,7 @@ def _output_case(K, gates, seed=5, T=128, V=64):
     return (_tokens(q), _tokens(k), _tokens(v), b, hs), inter, intra
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("K", [64, 128])
 def test_output_forms_fit_the_float64_scores(K):
     """chunk_fwd_o in each form, forced (whole_chunk=True; exact False, True), on eight chunks of gates up to the
@@ -247,6 +253,7 @@ def test_output_forms_fit_the_float64_scores(K):
         assert err < 5e-3 and abs(fit - 1) < 4e-4, (form, err, fit)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("K, V", [(64, 128), (128, 64)])
 def test_forward_states_in_the_input_dtype_leave_o_unchanged(K, V):
     """The forward's states in bf16 (state_fwd's ``states_dtype``, what chunk_gla's forward asks for on this
@@ -276,6 +283,7 @@ def test_forward_states_in_the_input_dtype_leave_o_unchanged(K, V):
             np.testing.assert_allclose(o16, o32, rtol=0, atol=1e-6 * np.abs(o32).max(), err_msg=str(form))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("K", [64, 128])
 def test_gradient_forms_fit_the_exact_form(K):
     """chunk_bwd's whole-chunk form (whole_chunk=True) against its exact form (which matches the Triton-backend
@@ -352,6 +360,7 @@ def test_gate_gradient_of_the_matmul_forms_cancels_as_float64(form, tau, K):
         assert err < 3e-3, (name, err)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["chunk", "fused"])
 def test_steep_chunks_of_gentle_sub_chunks_take_the_sub_chunk_form(variant):
     """Gates log σ(x)/0.5 (about 1.6 nats a token): each chunk decays by over SAFE_DECAY (so the whole-chunk
@@ -380,6 +389,7 @@ def test_whole_chunk_gates_bounds_the_decay_of_each_chunk():
     assert not bool(mgpu_launcher.whole_chunk_gates(nan, 64)) and not bool(mgpu_launcher.gentle_gates(nan))
 
 
+@pytest.mark.slow
 def test_an_invalid_gate_makes_the_output_nan_from_its_chunk_on():
     """The gate contract without debug: a positive log-gate at token 70 leaves chunk 0 finite and makes
     o NaN from its chunk on, and the final state NaN where the Triton-backend launcher's is (its key column)."""
@@ -554,6 +564,7 @@ def test_whole_chunk_gradient_kernel_lowers_for_cuda(K):
     assert _mosaic_calls(text) == 1 and "gla_chunk_bwd_mgpu" in text
 
 
+@pytest.mark.slow
 def test_benchmark_script_smoke(tmp_path):
     """benchmarks/pallas_mosaic_gpu_check.py --smoke: the next session's H200 script runs its CPU path
     (interpreter accuracy, both launchers, fused_chunk_gla in bf16, chunk_gla in float32: the non-fused
@@ -663,6 +674,7 @@ def test_gate_sum_kernel_against_float64(dtype, B, T, H, K):
         mosaic_gpu_gates.gate_sums(g.astype(jnp.int32), interpret=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant, shape", [
     ("chunk", {"T": 1, "h0": False}), ("chunk", {"T": 100, "K": 20, "V": 80, "h0": True}),
     ("fused", {"T": 70, "K": 40, "V": 24, "h0": False})])
@@ -678,6 +690,7 @@ def test_launcher_with_gate_sums_by_xla_against_float64(monkeypatch, variant, sh
         check_variant(variant, chunk_size=64, dtype=bf16, launcher="mosaic_gpu", interpret=params, **shape)
 
 
+@pytest.mark.slow
 def test_gate_sum_kernel_takes_a_bfloat16_gate_and_returns_its_gradient_in_it(monkeypatch):
     """A bfloat16 g goes to the gate-sum kernel as it is (no float32 copy) and its gradient comes back as bfloat16
     in g's layout, equal to the XLA path's (which casts g to float32 first) to bf16 rounding of the gradient."""

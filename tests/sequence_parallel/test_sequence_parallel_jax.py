@@ -68,6 +68,7 @@ def worker():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # the module fixture `worker`: 8 simulated devices compiling every case, 32 s of CPU
 def test_worker_sees_eight_devices(worker):
     assert worker["devices"] == 8
 
@@ -78,6 +79,7 @@ def _expected_tensors(case):
     return names + (["dinitial_state"] if case["h0"] else [])
 
 
+@pytest.mark.slow  # the module fixture `worker`
 @pytest.mark.parametrize("cid", ACCURACY)
 def test_matches_single_device_and_recurrence64(worker, cid):
     case, result = ACCURACY[cid], worker["results"][cid]
@@ -94,6 +96,7 @@ def _mesh_size(case, axis):
     return dict(case["mesh"]).get(case.get("axes", {}).get(axis), 1)
 
 
+@pytest.mark.slow  # the module fixture `worker`
 @pytest.mark.parametrize("cid", ACCURACY)
 def test_communication_is_one_state_per_hop(worker, cid):
     """The compiled forward + backward moves P−1 states forward and P−1 back (collective-permutes),
@@ -120,6 +123,7 @@ def _seq_rows(case):
     return sorted(np.moveaxis(ids, names.index("seq"), -1).reshape(-1, dict(case["mesh"])["seq"]).tolist())
 
 
+@pytest.mark.slow  # the module fixture `worker`
 @pytest.mark.parametrize("cid", ACCURACY)
 def test_costs_reads_the_compiled_collectives(worker, cid):
     """gla_ref.sequence_parallel.costs reads this jax's compiled HLO (chapter 9 counts bytes with it; jax 0.10
@@ -143,6 +147,7 @@ def test_costs_reads_the_compiled_collectives(worker, cid):
             assert pairs and all(any({s, t} <= set(row) for row in rows) for s, t in pairs), pairs
 
 
+@pytest.mark.slow  # the module fixture `worker`
 @pytest.mark.parametrize("cid", BAD)
 def test_bad_split_is_a_value_error(worker, cid):
     kind, message = worker["results"][cid]
