@@ -2,11 +2,11 @@
 layout of packed batches (:func:`packed_layout`).
 
 Tensor checks read only metadata (``.shape``, ``.dtype``), so they cost no device sync and run
-before anything is traced or launched. The exceptions are :func:`check_cu_seqlens`, which must
-read the offsets' values (see there), and :func:`check_gate_values`, the one home of the log-gate
-value rule (below), which reads values and so runs in the references always and in the kernels
-under ``gla_ref.device.debug(True)``. The NaN/inf checks of q, k, v and the state live with each
-framework.
+before anything is traced or launched. The exceptions are :func:`read_offsets`, which must
+read the offsets' values (see there; :func:`check_cu_seqlens` checks them), and
+:func:`check_gate_values`, the one home of the log-gate value rule (below), which reads values and
+so runs in the references always and in the kernels under ``gla_ref.device.debug(True)``. The
+NaN/inf checks of q, k, v and the state live with each framework.
 
 The log-gate rule, the same in every form and kernel: a valid log-gate is finite and ≤ 0 (a gate
 in (0, 1]). NaN, positive values (a gate given as a probability rather than its log) and -inf
@@ -56,42 +56,74 @@ def _check_float(name, x, allowed=FLOAT_DTYPES):
 
 # ----------------------------------------------------------------------------- packed batches
 
-def check_cu_seqlens(cu_seqlens, T: int, B: int, *, dtypes=("int64",)) -> int:
-    """Check the offsets of a packed batch and return N, the number of sequences.
+OFFSET_DTYPES = ("int32", "int64")
+"""The dtypes ``cu_seqlens`` may have, in every form and kernel (FLA's kernels take both)."""
 
-    ``cu_seqlens`` (FLA's convention) is a 1-D integer tensor ``[N + 1]`` of offsets into the
-    T tokens of a batch with ``B = 1``: sequence n holds tokens ``cu_seqlens[n]`` up to (not
-    including) ``cu_seqlens[n + 1]``. The offsets start at 0, end at T and increase strictly, so
-    every sequence has at least one token. ``dtypes`` lists the accepted integer dtypes (int64
-    for PyTorch; JAX callers also accept int32, since JAX makes int32 arrays unless x64 is on).
 
-    The values are read on the host (``.tolist()``): for a CUDA tensor that is one device sync,
-    and a JAX array must be concrete (not traced by ``jit``). Raises TypeError for a wrong type
-    or dtype, ValueError for a wrong shape, batch size or offsets; the message names cu_seqlens.
+def read_offsets(cu_seqlens, *, array_type=None, array_name="", device=None) -> np.ndarray:
+    """The offsets of a packed batch (FLA's ``cu_seqlens``) read on the host, after the checks that
+    need no values: a contiguous NumPy int64 array ``[N + 1]`` (a copy: later writes to
+    ``cu_seqlens`` do not reach it). :func:`check_cu_seqlens` then checks the values.
+
+    The rule, the same in every form and kernel: ``cu_seqlens`` is a 1-D int32 or int64 array of
+    N + 1 ≥ 2 offsets, either the caller's framework's array (``array_type``: ``torch.Tensor`` or
+    ``jax.Array``, named ``array_name`` in messages) or a NumPy array, converted here. Any stride
+    is read as it is (a strided view is never read as if contiguous). A torch tensor must hold
+    values (not a meta tensor) and sit on ``device`` (q's) when given. Another kind of object (a
+    list, a tensor of the other framework), another dtype is a TypeError; another rank or size,
+    or device, a ValueError; a JAX array traced by ``jit`` is a TypeError (its values set the
+    sequence boundaries, so they must be known now). Every message names cu_seqlens.
+
+    Reading the values is one device-to-host copy: a sync for a CUDA tensor.
     """
-    expected = f"a 1-D {' or '.join(dtypes)} tensor of N + 1 offsets"
-    if not (hasattr(cu_seqlens, "shape") and hasattr(cu_seqlens, "dtype")):
+    kinds = "NumPy array" if array_type is None else f"{array_name} or NumPy array"
+    expected = f"a 1-D {' or '.join(OFFSET_DTYPES)} {kinds} of N + 1 offsets"
+    if not (isinstance(cu_seqlens, np.ndarray) or (array_type is not None and isinstance(cu_seqlens, array_type))):
         raise TypeError(f"cu_seqlens must be {expected}, got {type(cu_seqlens).__name__}")
-    if dtype_name(cu_seqlens) not in dtypes:
+    if dtype_name(cu_seqlens) not in OFFSET_DTYPES:
         raise TypeError(f"cu_seqlens must be {expected}, got dtype {dtype_name(cu_seqlens)}")
     if len(cu_seqlens.shape) != 1 or cu_seqlens.shape[0] < 2:
-        raise ValueError(f"cu_seqlens must be {expected} (N >= 1), "
-                         f"got shape {tuple(cu_seqlens.shape)}")
-    if B != 1:
-        raise ValueError(f"cu_seqlens needs one packed sequence batch, B = 1, got B = {B}")
+        raise ValueError(f"cu_seqlens must be {expected} (N >= 1), got shape {tuple(cu_seqlens.shape)}")
+    if isinstance(cu_seqlens, np.ndarray):
+        return np.array(cu_seqlens, dtype=np.int64)
+    if getattr(cu_seqlens, "is_meta", False):
+        raise ValueError("cu_seqlens is a meta tensor, which holds no values: its values set the "
+                         "sequence boundaries, so pass them on q's device")
+    if device is not None and getattr(cu_seqlens, "device", device) != device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {device}: "
+                         "all inputs must share a device")
     try:
-        offsets = cu_seqlens.tolist()
+        values = cu_seqlens.tolist()
     except TypeError as err:  # a JAX tracer: the offsets set shapes, so they must be known now
         raise TypeError("cu_seqlens must be concrete (its values set the sequence boundaries); "
                         "pass it from outside jit, or close over it") from err
+    return np.array(values, dtype=np.int64)
+
+
+def check_cu_seqlens(offsets, T: int, B: int) -> int:
+    """Check the values of a packed batch's offsets (from :func:`read_offsets`: a NumPy integer
+    array ``[N + 1]``) and return N, the number of sequences.
+
+    FLA's convention: the T tokens of a batch with ``B = 1`` hold N sequences, sequence n the
+    tokens ``offsets[n]`` up to (not including) ``offsets[n + 1]``. The offsets start at 0, end at
+    T and never decrease; a sequence may be empty (equal offsets): it has no rows of o, and its
+    final state is its initial state (zeros without one). A wrong batch size or offsets is a
+    ValueError naming cu_seqlens; an object :func:`read_offsets` has not read is a TypeError.
+    """
+    if not (isinstance(offsets, np.ndarray) and dtype_name(offsets) in OFFSET_DTYPES
+            and offsets.ndim == 1 and len(offsets) >= 2):
+        raise TypeError("check_cu_seqlens takes the offsets read by read_offsets (a 1-D NumPy int array "
+                        f"[N + 1]), got {type(offsets).__name__}: read cu_seqlens first")
+    if B != 1:
+        raise ValueError(f"cu_seqlens needs one packed sequence batch, B = 1, got B = {B}")
     if offsets[0] != 0 or offsets[-1] != T:
         raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, "
-                         f"got {offsets[0]} ... {offsets[-1]}")
+                         f"got {int(offsets[0])} ... {int(offsets[-1])}")
     lengths = np.diff(offsets)
-    if (lengths < 1).any():
-        n = int(np.argmax(lengths < 1))
-        raise ValueError(f"cu_seqlens must increase strictly (every sequence >= 1 token), got "
-                         f"cu_seqlens[{n}] = {offsets[n]} >= cu_seqlens[{n + 1}] = {offsets[n + 1]}")
+    if (lengths < 0).any():
+        n = int(np.argmax(lengths < 0))
+        raise ValueError(f"cu_seqlens must not decrease (sequence lengths >= 0), got "
+                         f"cu_seqlens[{n}] = {int(offsets[n])} > cu_seqlens[{n + 1}] = {int(offsets[n + 1])}")
     return len(offsets) - 1
 
 
@@ -136,12 +168,12 @@ def check_head_dims(K: int, V: int, where: str = "this kernel") -> None:
 # ----------------------------------------------------------------------------- tensors
 
 def check_inputs(q, k, v, g=None, initial_state=None, *, gate_ranks=(None, 1, 3, 4),
-                 max_dim=None, cu_seqlens=None, cu_seqlens_dtypes=("int64",)) -> Dims:
+                 max_dim=None, cu_seqlens=None) -> Dims:
     """Check the ``[B,T,H,D]`` layout of q, k, v, the log-gate g, the offsets and the initial state.
 
     ``gate_ranks`` lists the gate ranks this form accepts (None = no gate); ``max_dim`` bounds
-    K and V for kernels. With ``cu_seqlens`` (see :func:`check_cu_seqlens`, which gets
-    ``cu_seqlens_dtypes``) the batch is packed, B = 1, and the initial state is ``[N, H, K, V]``;
+    K and V for kernels. With ``cu_seqlens`` (the offsets as :func:`read_offsets` returns them, checked
+    by :func:`check_cu_seqlens`) the batch is packed, B = 1, and the initial state is ``[N, H, K, V]``;
     otherwise it is ``[B, H, K, V]``. Every size must be at least 1. Returns the sizes and the gate kind.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -164,7 +196,7 @@ def check_inputs(q, k, v, g=None, initial_state=None, *, gate_ranks=(None, 1, 3,
     if max_dim is not None and (K > max_dim or V > max_dim):
         raise ValueError(f"q/v head dims K={K}, V={V} must be at most {max_dim} for this kernel")
     gate = check_gate_shape(g, B, T, H, K, gate_ranks)
-    N = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, T, B, dtypes=cu_seqlens_dtypes)
+    N = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, T, B)
     if initial_state is not None:
         if tuple(initial_state.shape) != (N, H, K, V):
             lead = "B" if cu_seqlens is None else "N"

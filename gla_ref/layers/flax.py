@@ -38,7 +38,7 @@ from flax import nnx
 from jax import lax
 
 from gla_ref.reference import jax as jax_ref
-from gla_ref._validate import check_cu_seqlens, packed_layout
+from gla_ref._validate import check_cu_seqlens, packed_layout, read_offsets
 from gla_ref.reference.gates import build_slope_tensor, retnet_log_gammas, slopes_to_g_gamma
 from gla_ref.layers import config
 from gla_ref.layers.config import ShortConvState
@@ -200,8 +200,9 @@ def causal_conv1d(x, weight, cache=None, cu_seqlens=None):
     if cu_seqlens is None:
         rows, lengths = x, np.full(B, T)
     else:
-        check_cu_seqlens(cu_seqlens, T, B, dtypes=("int64", "int32"))
-        offsets = np.asarray(cu_seqlens).tolist()
+        offsets = read_offsets(cu_seqlens, array_type=jax.Array, array_name="jax.Array")
+        check_cu_seqlens(offsets, T, B)
+        offsets = offsets.tolist()
         gather, keep_rows, keep_cols = packed_layout(offsets)
         rows = jnp.concatenate([x, jnp.zeros((1, 1, D), x.dtype)], 1)[0, gather]  # [N, L, D]
         lengths = np.diff(offsets)
@@ -243,7 +244,7 @@ class _TokenMixer(config.ShortConvStateRules, nnx.Module):
 
         ``initial_state`` ``[B, H, K, V]`` float32 or None for zeros. ``cu_seqlens``: None, or
         int64/int32 offsets ``[N + 1]`` of N sequences packed into one row (x ``[1, T, d]``, FLA's
-        convention), 0 = cu_seqlens[0] < … < cu_seqlens[N] = T, concrete (a NumPy or JAX array from
+        convention), 0 = cu_seqlens[0] ≤ … ≤ cu_seqlens[N] = T, concrete (a NumPy or JAX array from
         outside ``jit``); each sequence is mixed from its own first token and its own row of
         ``initial_state``, both states being then ``[N, H, K, V]`` float32. The ``"reference"``
         backend takes it; a Pallas backend whose kernel takes no cu_seqlens (none does yet) raises a

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gla_ref._validate import check_cu_seqlens, packed_layout
+from gla_ref._validate import check_cu_seqlens, packed_layout, read_offsets
 from gla_ref.layers import config
 
 __all__ = ["ShortConvolution", "causal_conv1d"]
@@ -61,7 +61,9 @@ def causal_conv1d(x, weight, cache=None, cu_seqlens=None, bias=None, *, keep=Non
     ``cache``: the W − 1 inputs before x's first token per row, ``[B, W − 1, D]`` (None: zeros); the
     returned cache is the last W − 1 inputs of each row (the given cache's entries if T < W − 1), or
     the last ``keep`` of them (FLA keeps W; at most W − 1 + T).
-    ``cu_seqlens``: None, or int64 ``[N + 1]`` offsets of N sequences packed into x ``[1, T, D]``;
+    ``cu_seqlens``: None, or int32/int64 ``[N + 1]`` offsets of N sequences packed into x ``[1, T, D]``
+    (:func:`gla_ref._validate.read_offsets`: a tensor on x's device or a NumPy array; an empty sequence
+    returns its cache row as it came);
     each sequence then runs from its own row of ``cache`` ``[N, W − 1, D]`` and the returned cache is
     ``[N, W − 1, D]``. ``bias``: None or ``[D]``, added before the SiLU (FLA's ``conv_bias``).
     Float32 sums, x's dtype out.
@@ -73,8 +75,9 @@ def causal_conv1d(x, weight, cache=None, cu_seqlens=None, bias=None, *, keep=Non
     if cu_seqlens is None:
         rows, lengths = x, np.full(B, T)
     else:
-        check_cu_seqlens(cu_seqlens, T, B)
-        offsets = cu_seqlens.tolist()
+        offsets = read_offsets(cu_seqlens, array_type=torch.Tensor, array_name="torch.Tensor", device=x.device)
+        check_cu_seqlens(offsets, T, B)
+        offsets = offsets.tolist()
         gather, keep_rows, keep_cols = packed_layout(offsets)
         padded = torch.cat([x, x.new_zeros(1, 1, D)], 1)
         rows, lengths = padded[0, torch.as_tensor(gather, device=x.device)], np.diff(offsets)  # [N, L, D]

@@ -36,9 +36,10 @@ depthwise convolution + SiLU (:mod:`gla_ref.layers.short_conv`). On our path the
 :class:`~gla_ref.layers.config.ShortConvState` (the recurrent state and the last W − 1 inputs of each
 convolution) instead of the bare tensor.
 
-Packed sequences: ``cu_seqlens``, FLA's int64 offsets ``[N + 1]`` of N sequences packed into one row
-(B = 1), in every forward. Each sequence is mixed from its own first token and its own state, states
-being ``[N, H, K, V]``, as if it ran alone; everything else acts on one token at a time.
+Packed sequences: ``cu_seqlens``, FLA's int32 or int64 offsets ``[N + 1]`` of N sequences packed into one
+row (B = 1; a tensor on x's device or a NumPy array, empty sequences allowed), in every forward. Each
+sequence is mixed from its own first token and its own state, states being ``[N, H, K, V]``, as if it
+ran alone; everything else acts on one token at a time.
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ class TokenMixer(config.ShortConvStateRules, nn.Module):
         """x ``[B, T, d]`` → ``(y [B, T, d], final_state [B, H, K, V] float32 or None)``.
 
         ``initial_state`` ``[B, H, K, V]`` float32 (e.g. from an earlier call) or None for zeros.
-        ``cu_seqlens``: None, or int64 ``[N + 1]`` offsets of N sequences packed into one row (x
-        ``[1, T, d]``, FLA's convention), 0 = cu_seqlens[0] < … < cu_seqlens[N] = T; each sequence is
+        ``cu_seqlens``: None, or int32/int64 ``[N + 1]`` offsets of N sequences packed into one row (x
+        ``[1, T, d]``, FLA's convention), 0 = cu_seqlens[0] ≤ … ≤ cu_seqlens[N] = T; each sequence is
         mixed from its own first token and its own row of ``initial_state``, and both states are then
         ``[N, H, K, V]`` float32. Every backend takes it. The projections and norms act per token, so
         only the mixer (and the short convolutions, which restart at each sequence) see the offsets.
@@ -475,7 +476,7 @@ class GLABlock(nn.Module):
         interface is :class:`gla_ref.models.torch.GLABlock`).
 
         ``initial_state``: the mixer's, ``[B, H, K, V]`` float32 or None. ``cu_seqlens``: None, or
-        int64 ``[N + 1]`` offsets of N sequences packed into one row (B = 1, FLA's convention); the
+        int32/int64 ``[N + 1]`` offsets of N sequences packed into one row (B = 1, FLA's convention); the
         states are then ``[N, H, K, V]``. Only the mixer mixes tokens (the norms and the SwiGLU act on
         each token alone; a mixer's short convolutions restart at every sequence start), so passing
         the offsets to the mixer keeps every sequence apart. With ``use_short_conv`` the states are
@@ -533,8 +534,8 @@ class GLALM(nn.Module):
 
         ``states``: None or one ``[B, H, K, V]`` state per layer (a list, as returned with
         ``output_final_state=True``); the returned states are None unless asked for.
-        ``cu_seqlens``: None, or int64 ``[N + 1]`` offsets of N sequences packed into one row
-        (input_ids ``[1, T]``, FLA's convention): 0 = cu_seqlens[0] < … < cu_seqlens[N] = T, sequence n
+        ``cu_seqlens``: None, or int32/int64 ``[N + 1]`` offsets of N sequences packed into one row
+        (input_ids ``[1, T]``, FLA's convention): 0 = cu_seqlens[0] ≤ … ≤ cu_seqlens[N] = T, sequence n
         holding tokens cu_seqlens[n] to cu_seqlens[n+1] − 1. Every layer then runs each sequence from
         its own state, so the logits are those of each sequence run alone, and each per-layer state
         (given or returned) is ``[N, H, K, V]``; :meth:`step` can go on decoding the N sequences as a

@@ -11,7 +11,7 @@ is turned into NaN instead, as the kernels do, so it never gives a finite answer
 references stay float32-exact on GPU/TPU too.
 
 Packed batches: the four forms take ``cu_seqlens``, FLA's offsets ``[N + 1]`` of N sequences
-packed in a batch with B = 1 (int64, or int32 since JAX makes int32 arrays unless x64 is on), and
+packed in a batch with B = 1 (int32 or int64, a JAX or NumPy array; empty sequences allowed), and
 compute each sequence as if alone, from its own row of an ``[N, H, K, V]`` initial state. The
 offsets set shapes, so they must be concrete (a NumPy or JAX array closed over by a caller's ``jit``).
 """
@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from gla_ref._validate import (check_chunk_sizes, check_flag, check_gate_shape, check_gate_values,
-                               check_inputs, check_scale, invalid_gates_to_nan, packed_layout)
+                               check_inputs, check_scale, invalid_gates_to_nan, packed_layout, read_offsets)
 
 __all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level", "expand_gate"]
 
@@ -94,9 +94,11 @@ def _check_matmul_dtype(matmul_dtype):
 def checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens=None):
     """Validate the inputs; return ``((q, k, v, g, h0, scale), offsets)``: g as ``[B, T, H, K]``,
     h0 zeros ``[N, H, K, V]`` where no initial state is given, the default scale filled in, and
-    the offsets of cu_seqlens as a list (None without it)."""
-    dims = check_inputs(q, k, v, g, initial_state, cu_seqlens=cu_seqlens,
-                        cu_seqlens_dtypes=("int32", "int64"))
+    the offsets of cu_seqlens as a list (None without it; :func:`gla_ref._validate.read_offsets` says
+    what it may be: a torch tensor is a TypeError)."""
+    if cu_seqlens is not None:
+        cu_seqlens = read_offsets(cu_seqlens, array_type=jax.Array, array_name="jax.Array")
+    dims = check_inputs(q, k, v, g, initial_state, cu_seqlens=cu_seqlens)
     scale = check_scale(scale, dims.K)
     check_input_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
     if g is not None and _concrete(g) is None:  # traced by jit: unchecked, so an invalid gate gives NaN
@@ -243,7 +245,8 @@ def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fin
         output_final_state: a bool; whether to return the state after the last token.
         cu_seqlens: None, or int32/int64 offsets ``[N + 1]`` of N sequences packed in a batch with
             B = 1 (FLA's convention; int32 is accepted since JAX makes int32 arrays unless x64 is
-            on): 0 = cu_seqlens[0] < ... < cu_seqlens[N] = T. Each sequence is computed as if
+            on; a JAX or NumPy array): 0 = cu_seqlens[0] <= ... <= cu_seqlens[N] = T (an empty
+            sequence's final state is its initial state). Each sequence is computed as if
             alone, from its own row of initial_state. Its values set shapes, so it must be
             concrete: a NumPy or JAX array from outside ``jit`` (close over it), never a traced
             argument.

@@ -15,9 +15,10 @@ Inputs use the ``[B, T, H, D]`` layout; inside, tensors are ``[B, H, T, D]`` (ch
 ``[B, H, T/C, C, D]``). Math runs in float32 (float64 for float64 input); ``o`` comes back in q's
 dtype, the final state in the math dtype. Every exponent evaluated is ≤ 0.
 
-Packed batches: the four forms take ``cu_seqlens``, FLA's int64 offsets ``[N + 1]`` of N
-sequences packed in a batch with B = 1, and compute each sequence as if alone, from its own row
-of an ``[N, H, K, V]`` initial state; the offsets are read on the host (a sync for a CUDA tensor).
+Packed batches: the four forms take ``cu_seqlens``, FLA's int32 or int64 offsets ``[N + 1]`` of N
+sequences packed in a batch with B = 1 (a tensor on q's device, of any stride, or a NumPy array;
+empty sequences allowed), and compute each sequence as if alone, from its own row of an
+``[N, H, K, V]`` initial state; the offsets are read on the host (a sync for a CUDA tensor).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from gla_ref._validate import (check_chunk_sizes, check_flag, check_gate_shape, check_gate_values,
-                               check_inputs, check_scale, packed_layout)
+                               check_inputs, check_scale, packed_layout, read_offsets)
 
 __all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level",
            "parallel_gla_naive", "chunk_gla_direct", "expand_gate"]
@@ -71,7 +72,11 @@ def _check_matmul_dtype(matmul_dtype):
 def checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens=None):
     """Validate the inputs; return ``((q, k, v, g, h0, scale), offsets)``: g as ``[B, T, H, K]``,
     h0 zeros ``[N, H, K, V]`` where no initial state is given, the default scale filled in, and
-    the values of cu_seqlens as a list, or None (read on the host: a sync for a CUDA tensor)."""
+    the values of cu_seqlens as a list, or None (read on the host: a sync for a CUDA tensor;
+    :func:`gla_ref._validate.read_offsets` says what it may be)."""
+    if cu_seqlens is not None:
+        cu_seqlens = read_offsets(cu_seqlens, array_type=torch.Tensor, array_name="torch.Tensor",
+                                  device=q.device if isinstance(q, torch.Tensor) else None)
     dims = check_inputs(q, k, v, g, initial_state, cu_seqlens=cu_seqlens)
     scale = check_scale(scale, dims.K)
     check_input_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
@@ -211,10 +216,11 @@ def recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fin
         initial_state: S_0, ``[B, H, K, V]`` float32 or float64 (``[N, H, K, V]`` with
             cu_seqlens), or None for zeros.
         output_final_state: a bool; whether to return the state after the last token.
-        cu_seqlens: None, or int64 offsets ``[N + 1]`` of N sequences packed in a batch with
-            B = 1 (FLA's convention): 0 = cu_seqlens[0] < ... < cu_seqlens[N] = T. Each sequence
-            is computed as if alone, from its own row of initial_state. Its values are read on
-            the host (a device sync for a CUDA tensor).
+        cu_seqlens: None, or int32/int64 offsets ``[N + 1]`` of N sequences packed in a batch with
+            B = 1 (FLA's convention; a tensor on q's device or a NumPy array):
+            0 = cu_seqlens[0] <= ... <= cu_seqlens[N] = T (an empty sequence's final state is its
+            initial state). Each sequence is computed as if alone, from its own row of
+            initial_state. Its values are read on the host (a device sync for a CUDA tensor).
 
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]``
@@ -253,7 +259,7 @@ def parallel_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_fina
         q, k, v, g, scale, initial_state, output_final_state, cu_seqlens: as in
             :func:`recurrent_gla` — q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; g natural-log gates
             ≤ 0, None, ``[H]``, ``[B, T, H]`` or ``[B, T, H, K]``; initial_state ``[B, H, K, V]``
-            (``[N, H, K, V]`` with cu_seqlens, int64 ``[N + 1]`` offsets into a batch with B = 1).
+            (``[N, H, K, V]`` with cu_seqlens, int32/int64 ``[N + 1]`` offsets into a batch with B = 1).
 
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B or N, H, K, V]``
@@ -288,7 +294,7 @@ def chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_s
         q, k, v, g, scale, initial_state, output_final_state, cu_seqlens: as in
             :func:`recurrent_gla` — q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; g natural-log gates
             ≤ 0, None, ``[H]``, ``[B, T, H]`` or ``[B, T, H, K]``; initial_state ``[B, H, K, V]``
-            (``[N, H, K, V]`` with cu_seqlens, int64 ``[N + 1]`` offsets into a batch with B = 1).
+            (``[N, H, K, V]`` with cu_seqlens, int32/int64 ``[N + 1]`` offsets into a batch with B = 1).
         chunk_size: C, a positive Python or NumPy integer (any T works).
 
     Returns:
@@ -324,7 +330,7 @@ def chunk_gla_two_level(q, k, v, g=None, *, scale=None, initial_state=None, outp
         q, k, v, g, scale, initial_state, output_final_state, cu_seqlens: as in
             :func:`recurrent_gla` — q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; g natural-log gates
             ≤ 0, None, ``[H]``, ``[B, T, H]`` or ``[B, T, H, K]``; initial_state ``[B, H, K, V]``
-            (``[N, H, K, V]`` with cu_seqlens, int64 ``[N + 1]`` offsets into a batch with B = 1).
+            (``[N, H, K, V]`` with cu_seqlens, int32/int64 ``[N + 1]`` offsets into a batch with B = 1).
         chunk_size, sub_chunk_size: C and c, positive integers with c dividing C.
         matmul_dtype: None, or a floating torch dtype (e.g. torch.float16) to which the operands
             of the inter-sub-chunk matmuls are rounded, simulating half-precision tensor cores

@@ -15,7 +15,7 @@ this package must be imported before anything imports ``triton`` (torch's FLOP c
 otherwise the import raises an ImportError that says so. With a GPU nothing is set.
 
 ``chunk_gla``, ``chunk_simple_gla``, ``fused_chunk_gla`` and ``fused_recurrent_gla`` take packed
-batches: ``cu_seqlens``, FLA's int64 ``[N + 1]`` offsets into a batch with B = 1, with initial and
+batches: ``cu_seqlens``, FLA's int32 or int64 ``[N + 1]`` offsets into a batch with B = 1, with initial and
 final states ``[N, H, K, V]``.
 """
 

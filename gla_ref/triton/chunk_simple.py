@@ -267,7 +267,7 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
     q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; ``g`` ``[B, T, H]`` data-dependent log-gates (≤ 0) or
     None; ``g_gamma`` ``[H]`` a constant log-decay per head (≤ 0) or None; both may be given (they
     add) and with neither it is plain causal linear attention. ``initial_state`` ``[B, H, K, V]``
-    float32 or None; ``chunk_size`` in 16/32/64; ``cu_seqlens`` None or int64 ``[N + 1]`` offsets
+    float32 or None; ``chunk_size`` in 16/32/64; ``cu_seqlens`` None or int32/int64 ``[N + 1]`` offsets
     of a packed batch (B = 1, states ``[N, H, K, V]``). Dtypes, packed batches and the returned
     ``(o, final_state)`` are as in :func:`gla_ref.triton.chunk.chunk_gla`. Gradients flow to q, k,
     v, g, g_gamma (the gate gradient summed over batch and tokens) and initial_state. Valid g and

@@ -237,8 +237,9 @@ def fused_recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, outp
         initial_state: ``[B, H, K, V]`` (``[N, H, K, V]`` packed) float32 state S_0, or None (zeros).
         output_final_state: also return the float32 state after the last token.
         reverse: run the recurrence from the last token to the first (of each sequence).
-        cu_seqlens: None, or int64 ``[N + 1]`` offsets of N sequences packed in a batch with B = 1
-            (FLA's convention; read on the host, one sync), each run from its own initial state.
+        cu_seqlens: None, or int32/int64 ``[N + 1]`` offsets of N sequences packed in a batch with B = 1
+            (FLA's convention, as in :func:`gla_ref.triton.chunk.chunk_gla`; read on the host, one
+            sync), each run from its own initial state.
 
     Returns:
         ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]``

@@ -13,9 +13,8 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from gla_ref import jax_ref, torch_ref  # noqa: E402
-from gla_ref._validate import check_cu_seqlens  # noqa: E402
 from gla_ref.testing import (GATES, as_jax, as_torch, random_inputs, recurrence64, recurrence64_grads,  # noqa: E402
-                             rel_rmse)
+                             rel_rmse, to_numpy)
 
 LENGTHS = (5, 1, 17, 9)  # T = 32: a one-token sequence, lengths that are not multiples of the chunk (8)
 OFFSETS = np.cumsum((0,) + LENGTHS)
@@ -41,9 +40,9 @@ def packed_inputs(gate, h0, seed=0):
     return x, rng.standard_normal(x["v"].shape), rng.standard_normal((len(LENGTHS), H, K, V))
 
 
-def sequence(x, n):
+def sequence(x, n, offsets=OFFSETS):
     """Sequence n of the packed inputs x, alone (B = 1), with its own initial state."""
-    bos, eos = OFFSETS[n], OFFSETS[n + 1]
+    bos, eos = offsets[n], offsets[n + 1]
     g = x["g"]
     seq = {name: x[name][:, bos:eos] for name in ("q", "k", "v")}
     seq["g"] = g if g is None or g.ndim == 1 else g[:, bos:eos]
@@ -51,16 +50,17 @@ def sequence(x, n):
     return seq
 
 
-def recurrence64_packed(x, do, dS):
+def recurrence64_packed(x, do, dS, offsets=OFFSETS):
     """The float64 recurrence and its gradients, run on each sequence alone and joined:
-    ``(o, S [N, H, K, V], grads)``; dg of a per-head ``[H]`` gate sums over the sequences."""
+    ``(o, S [N, H, K, V], grads)``; dg of a per-head ``[H]`` gate sums over the sequences. An empty
+    sequence (equal offsets) adds no rows, and its final state is its initial state."""
     outs, states, grads = [], [], []
-    for n in range(len(LENGTHS)):
-        seq = sequence(x, n)
+    for n in range(len(offsets) - 1):
+        seq = sequence(x, n, offsets)
         o, S = recurrence64(**seq)
         outs.append(o)
         states.append(S)
-        bos, eos = OFFSETS[n], OFFSETS[n + 1]
+        bos, eos = offsets[n], offsets[n + 1]
         grads.append(recurrence64_grads(**seq, do=do[:, bos:eos], dS=dS[n:n + 1]))
     joined = {name: np.concatenate([d[name] for d in grads], axis=0 if name == "initial_state" else 1)
               for name in ("q", "k", "v", "initial_state") if grads[0][name] is not None}
@@ -71,21 +71,23 @@ def recurrence64_packed(x, do, dS):
 
 
 def torch_run(f, x, do, dS, **kw):
-    """f on torch copies of x with cu_seqlens; returns (o, S, gradients of Σ o·do + Σ S·dS)."""
+    """f on torch copies of x with cu_seqlens (OFFSETS unless given); returns (o, S, gradients of
+    Σ o·do + Σ S·dS)."""
     xt = as_torch(x, requires_grad=True)
-    o, S = f(**xt, output_final_state=True, cu_seqlens=torch.tensor(OFFSETS), **kw)
+    kw.setdefault("cu_seqlens", torch.tensor(OFFSETS))
+    o, S = f(**xt, output_final_state=True, **kw)
     ((o * torch.tensor(do, dtype=o.dtype)).sum() + (S * torch.tensor(dS, dtype=S.dtype)).sum()).backward()
     return o, S, {name: t.grad for name, t in xt.items() if t is not None}
 
 
 def jax_run(f, x, do, dS, **kw):
-    """The same with jax.vjp, cu_seqlens an int32 JAX array (x64 is off)."""
+    """The same with jax.vjp, cu_seqlens an int32 JAX array of OFFSETS (x64 is off) unless given."""
     names = [name for name, a in x.items() if a is not None]
     xj = as_jax(x)
-    cu = jnp.asarray(OFFSETS, jnp.int32)
+    kw.setdefault("cu_seqlens", jnp.asarray(OFFSETS, jnp.int32))
 
     def call(*arrays):
-        return f(**{**xj, **dict(zip(names, arrays))}, output_final_state=True, cu_seqlens=cu, **kw)
+        return f(**{**xj, **dict(zip(names, arrays))}, output_final_state=True, **kw)
 
     (o, S), pullback = jax.vjp(call, *(xj[name] for name in names))
     grads = pullback((jnp.asarray(do, o.dtype), jnp.asarray(dS, S.dtype)))
@@ -172,16 +174,17 @@ def test_jax_offsets_closed_over_by_jit():
 
 # ----------------------------------------------------------------------------- bad offsets
 
-BAD = [  # (case, offsets, dtype ("int64", "int32" or "list"), error, message pattern)
-    ("list", [0, 5, 32], "list", TypeError, r"^cu_seqlens must be a 1-D int64"),
+BAD = [  # (case, offsets, dtype ("int64", "int32", "float32", "bool" or "list"), error, message pattern)
+    ("list", [0, 5, 32], "list", TypeError, r"^cu_seqlens must be a 1-D int32 or int64 \S+ or NumPy array .* got list"),
     ("float", [0.0, 5.0, 32.0], "float32", TypeError, r"^cu_seqlens must be .* got dtype float32"),
+    ("bool", [False, True], "bool", TypeError, r"^cu_seqlens must be .* got dtype bool"),
     ("2-D", [[0, 5, 32]], "int64", ValueError, r"^cu_seqlens must be a 1-D .* got shape \(1, 3\)"),
     ("one-offset", [0], "int64", ValueError, r"^cu_seqlens must be a 1-D .* \(N >= 1\)"),
     ("start-1", [1, 5, 32], "int64", ValueError, r"^cu_seqlens must start at 0 and end at T = 32"),
     ("end-31", [0, 5, 31], "int64", ValueError, r"^cu_seqlens must start at 0 and end at T = 32"),
     ("end-33", [0, 5, 33], "int64", ValueError, r"^cu_seqlens must start at 0 and end at T = 32"),
-    ("empty-sequence", [0, 5, 5, 32], "int64", ValueError, r"^cu_seqlens must increase strictly .*\[1\] = 5"),
-    ("decreasing", [0, 20, 10, 32], "int64", ValueError, r"^cu_seqlens must increase strictly"),
+    ("decreasing", [0, 20, 10, 32], "int32", ValueError,
+     r"^cu_seqlens must not decrease .* cu_seqlens\[1\] = 20 > cu_seqlens\[2\] = 10"),
 ]
 
 
@@ -201,15 +204,109 @@ def test_bad_offsets_raise_before_any_math(fw, case, offsets, dtype, error, matc
         monkeypatch.setattr(R, private, None)  # any math run would fail with a different error
     x = (as_torch if fw == "torch" else as_jax)(packed_inputs("gla", h0=False)[0])
     for f, kw in FORMS[fw].values():
-        with pytest.raises(error, match=match.replace("int64", "int32 or int64") if fw == "jax" else match):
+        with pytest.raises(error, match=match):
             f(**x, cu_seqlens=offsets_as(fw, offsets, dtype), **kw)
+        if dtype != "list":  # the same offsets as a NumPy array: the same error
+            with pytest.raises(error, match=match):
+                f(**x, cu_seqlens=np.asarray(offsets, dtype), **kw)
 
 
-def test_torch_takes_int64_only_jax_also_int32():
+# ----------------------------------------------------------------------------- FLA's offsets conventions
+
+def torch_offset_kinds(offsets):
+    """The offsets as every kind a torch form takes: name → cu_seqlens (int64 first, the baseline)."""
+    cu = torch.tensor(offsets, dtype=torch.int64)
+    wide = torch.stack([cu, cu + 1000], 1)  # a column of it: stride 2
+    return {"int64": cu, "int32": cu.int(), "strided-int64": wide[:, 0], "strided-int32": wide.int()[:, 0],
+            "numpy-int64": np.asarray(offsets, np.int64), "numpy-int32": np.asarray(offsets, np.int32),
+            "numpy-strided": np.stack([np.asarray(offsets), np.asarray(offsets)], 1)[:, 1]}
+
+
+def test_torch_offset_kinds_give_identical_results():
+    """int32, strided and NumPy offsets give exactly what int64 gives, o, state and every gradient, in
+    every torch form (FLA's kernels take int32 and int64; NumPy is converted at the door)."""
+    x, do, dS = packed_inputs("gla", h0=True, seed=4)
+    kinds = torch_offset_kinds(OFFSETS.tolist())
+    assert not kinds["strided-int64"].is_contiguous() and not kinds["numpy-strided"].flags.c_contiguous
+    for name, (f, kw) in FORMS["torch"].items():
+        results = {}
+        for kind, cu in kinds.items():
+            xt = as_torch(x, requires_grad=True)
+            o, S = f(**xt, output_final_state=True, cu_seqlens=cu, **kw)
+            grads = torch.autograd.grad((o * torch.tensor(do)).sum() + (S * torch.tensor(dS)).sum(),
+                                        list(xt.values()))
+            results[kind] = (o, S, *grads)
+        for kind, got in results.items():
+            assert all(torch.equal(a, b) for a, b in zip(results["int64"], got)), (name, kind)
+
+
+def test_jax_offset_kinds_give_identical_results():
+    """JAX int32 and NumPy int32/int64 (strided too) offsets give the same o and state."""
+    x, _, _ = packed_inputs("scalar", h0=True, seed=5)
+    xj = as_jax(x)
+    f, kw = FORMS["jax"]["chunk8"]
+    o, S = f(**xj, output_final_state=True, cu_seqlens=jnp.asarray(OFFSETS, jnp.int32), **kw)
+    for cu in (np.asarray(OFFSETS, np.int64), np.asarray(OFFSETS, np.int32),
+               np.stack([OFFSETS, OFFSETS], 1)[:, 0]):
+        o2, S2 = f(**xj, output_final_state=True, cu_seqlens=cu, **kw)
+        assert np.array_equal(o, o2) and np.array_equal(S, S2)
+
+
+@pytest.mark.parametrize("fw", FORMS)
+def test_offsets_of_the_other_framework_are_refused(fw):
+    """A torch tensor is no offsets for JAX, a JAX array none for torch: TypeErrors naming cu_seqlens."""
+    x = (as_torch if fw == "torch" else as_jax)(packed_inputs("gla", h0=False)[0])
+    other = jnp.asarray(OFFSETS, jnp.int32) if fw == "torch" else torch.tensor(OFFSETS)
+    expected = "torch.Tensor" if fw == "torch" else "jax.Array"
+    for f, kw in FORMS[fw].values():
+        with pytest.raises(TypeError, match=rf"^cu_seqlens must be a 1-D int32 or int64 {expected} or NumPy array"):
+            f(**x, cu_seqlens=other, **kw)
+
+
+def test_torch_offsets_on_another_device_are_refused():
+    """A meta tensor (no values) and a tensor on a device other than q's: ValueErrors naming cu_seqlens."""
     x = as_torch(packed_inputs("gla", h0=False)[0])
-    with pytest.raises(TypeError, match=r"^cu_seqlens must be a 1-D int64 .* got dtype int32"):
-        torch_ref.chunk_gla(**x, cu_seqlens=torch.tensor(OFFSETS, dtype=torch.int32))
-    assert check_cu_seqlens(np.asarray(OFFSETS, np.int32), 32, 1, dtypes=("int32", "int64")) == len(LENGTHS)
+    meta = torch.tensor(OFFSETS).to("meta")
+    for f, kw in FORMS["torch"].values():
+        with pytest.raises(ValueError, match=r"^cu_seqlens is a meta tensor"):
+            f(**x, cu_seqlens=meta, **kw)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"^cu_seqlens is on cuda:0 but q is on cpu"):
+            torch_ref.chunk_gla(**x, cu_seqlens=torch.tensor(OFFSETS, device="cuda"))
+
+
+EMPTY = (0, 5, 0, 1, 17, 0, 9, 0)  # T = 32: empty sequences first, between others and last
+
+
+@pytest.mark.parametrize("h0", [True, False], ids=["h0", "no-h0"])
+@pytest.mark.parametrize("gate", ["gla", "const"])
+def test_empty_sequences_match_recurrence64(gate, h0):
+    """Zero-length sequences (FLA accepts them): no rows of o, the final state is the initial state
+    (zeros without one) and dh0 is dS for them, exactly; the rest as the float64 recurrence, in every
+    torch form and (once: JAX compiles per shape) in JAX's chunk form."""
+    offsets = np.cumsum((0,) + EMPTY)
+    N = len(EMPTY)
+    x = random_inputs(B=1, T=32, H=H, K=K, V=V, gate=gate, seed=6)
+    rng = np.random.default_rng(7)
+    x["initial_state"] = rng.standard_normal((N, H, K, V)) if h0 else None
+    do, dS = rng.standard_normal(x["v"].shape), rng.standard_normal((N, H, K, V))
+    o64, S64, grads64 = recurrence64_packed(x, do, dS, offsets)
+    empty = [n for n, length in enumerate(EMPTY) if length == 0]
+    cases = [("torch", form) for form in FORMS["torch"]] + ([("jax", "chunk8")] if gate == "gla" and h0 else [])
+    for fw, form in cases:
+        f, kw = FORMS[fw][form]
+        cu = torch.tensor(offsets) if fw == "torch" else np.asarray(offsets, np.int32)
+        o, S, grads = RUN[fw](f, x, do, dS, cu_seqlens=cu, **kw)
+        S, grads = to_numpy(S), {name: to_numpy(d) for name, d in grads.items()}
+        assert o.shape == o64.shape and S.shape == S64.shape
+        assert rel_rmse(o64, o) < TOL and rel_rmse(S64, S) < TOL, (fw, form)
+        assert set(grads) == set(grads64)
+        for name, d64 in grads64.items():
+            assert rel_rmse(d64, grads[name]) < GRAD_TOL, (fw, form, name)
+        h0_rows = x["initial_state"][empty] if h0 else np.zeros((len(empty), H, K, V))
+        assert np.array_equal(S[empty], h0_rows.astype(np.float32)), (fw, form)  # float32 inputs
+        if h0:
+            assert np.array_equal(grads["initial_state"][empty], dS[empty].astype(np.float32)), (fw, form)
 
 
 @pytest.mark.parametrize("fw", FORMS)

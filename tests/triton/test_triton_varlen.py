@@ -11,9 +11,11 @@ CUDA the same cases also run bf16, plus packed batches of realistic lengths and 
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -217,22 +219,35 @@ LAUNCHERS = {  # name → (function, its autograd Function whose apply must not 
 
 
 def _bad_offsets():
-    """name → (cu_seqlens, keyword arguments, error type, text the message must contain), for T = 8."""
+    """name → (cu_seqlens, keyword arguments, error type, text the message must contain), for T = 8.
+    (Offsets that repeat, an empty sequence, and int32, strided or NumPy offsets are valid: test_offsets.py.)"""
     good = _offsets((3, 5))
-    return {
+    kinds = "cu_seqlens must be a 1-D int32 or int64 torch.Tensor or NumPy array"
+    cases = {
         "not-from-0": (_offsets((3, 5)) + 1, {}, ValueError, "start at 0"),
         "not-to-T": (_offsets((3, 4)), {}, ValueError, "end at T"),
-        "not-increasing": (torch.tensor([0, 5, 5, 8], device=DEV), {}, ValueError, "increase strictly"),
-        "decreasing": (torch.tensor([0, 6, 3, 8], device=DEV), {}, ValueError, "increase strictly"),
-        "int32": (good.int(), {}, TypeError, "cu_seqlens"),
-        "float": (good.float(), {}, TypeError, "cu_seqlens"),
-        "list": ([0, 3, 8], {}, TypeError, "cu_seqlens"),
-        "2-D": (good[None], {}, ValueError, "cu_seqlens"),
-        "one-offset": (good[:1], {}, ValueError, "cu_seqlens"),
-        "device": (good.to("meta"), {}, ValueError, "cu_seqlens is on"),
+        "decreasing": (torch.tensor([0, 6, 3, 8], device=DEV), {}, ValueError,
+                       r"must not decrease .* cu_seqlens\[1\] = 6 > cu_seqlens\[2\] = 3"),
+        "decreasing-numpy": (np.array([0, 6, 3, 8]), {}, ValueError, "must not decrease"),
+        "float": (good.float(), {}, TypeError, f"{kinds} .* got dtype float32"),
+        "bool": (good.bool(), {}, TypeError, f"{kinds} .* got dtype bool"),
+        "uint8": (good.to(torch.uint8), {}, TypeError, f"{kinds} .* got dtype uint8"),
+        "numpy-float": (good.cpu().numpy().astype(np.float64), {}, TypeError, f"{kinds} .* got dtype float64"),
+        "list": ([0, 3, 8], {}, TypeError, f"{kinds} .* got list"),
+        "tuple": ((0, 3, 8), {}, TypeError, f"{kinds} .* got tuple"),
+        "2-D": (good[None], {}, ValueError, r"cu_seqlens must be a 1-D .* got shape \(1, 3\)"),
+        "one-offset": (good[:1], {}, ValueError, r"cu_seqlens must be a 1-D .* \(N >= 1\)"),
+        "meta": (good.to("meta"), {}, ValueError, "cu_seqlens is a meta tensor"),
         "h0-per-batch": (good, {"initial_state": torch.zeros(1, 1, 8, 8, device=DEV)}, ValueError,
                          r"initial_state must have shape \[N, H, K, V\]"),
     }
+    if CUDA:
+        cases["other-device"] = (good.cpu(), {}, ValueError, "cu_seqlens is on cpu but q is on cuda")
+    if importlib.util.find_spec("jax") is not None:  # the other framework's array
+        import jax.numpy as jnp
+
+        cases["jax-array"] = (jnp.asarray([0, 3, 8]), {}, TypeError, f"{kinds} .* got .*Array")
+    return cases
 
 
 BAD = _bad_offsets()

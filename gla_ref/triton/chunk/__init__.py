@@ -103,9 +103,10 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
     one CUDA device (or CPU under Triton's interpreter); q, k, v share a dtype: float32, float16 or
     bfloat16 on a GPU, float32 or float16 on a CPU (the interpreter's bf16 matmul is wrong, so bf16
     is refused there). ``initial_state`` ``[B, H, K, V]`` float32 or None. K ≤ 256, V ≤ 4096;
-    ``chunk_size`` C in 16/32/64, with sub-chunks of 16. ``cu_seqlens``: None, or int64 ``[N + 1]``
-    offsets of N sequences packed in a batch with B = 1 (FLA's convention; read on the host, one
-    sync), each chunked and run from its own start; states are then ``[N, H, K, V]``. Returns
+    ``chunk_size`` C in 16/32/64, with sub-chunks of 16. ``cu_seqlens``: None, or int32/int64 ``[N + 1]``
+    offsets of N sequences packed in a batch with B = 1 (FLA's convention: a tensor on q's device,
+    any stride, or a NumPy array; read on the host, one sync; an empty sequence's final state is
+    its initial state), each chunked and run from its own start; states are then ``[N, H, K, V]``. Returns
     ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype, final_state ``[B, H, K, V]`` (``[N, H,
     K, V]``) float32 when ``output_final_state`` else None. Gradients flow to q, k, v, g and
     initial_state, and from both o and final_state. A valid log-gate is finite and ≤ 0: an invalid

@@ -12,7 +12,7 @@ import triton
 
 from gla_ref import device, specs
 from gla_ref._validate import MAX_K, MAX_V  # noqa: F401 (the limits every kernel shares, named here too)
-from gla_ref._validate import Dims, check_chunk_sizes, check_gate_values, check_head_dims, check_inputs
+from gla_ref._validate import Dims, check_chunk_sizes, check_gate_values, check_head_dims, check_inputs, read_offsets
 from gla_ref.triton.common import ptxas
 from gla_ref.triton.common.launch_cache import LAUNCH_OPTIONS, cache_launches
 
@@ -25,11 +25,10 @@ except ImportError:  # Triton < 3.4 compiles inside the autotuner only
 def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_seqlens=None) -> Dims:
     """Validate a launch before any kernel runs: shapes, dtypes, one device, and (in debug mode) values.
 
-    With ``cu_seqlens`` (int64 ``[N + 1]`` offsets of a packed batch, B = 1) the initial state is
-    ``[N, H, K, V]``; its values are read on the host (:func:`gla_ref._validate.check_cu_seqlens`:
-    one device sync for a CUDA tensor; :func:`prepare_packed` passes its host copy). Under
-    Triton's CPU interpreter, bfloat16 inputs are refused (TypeError): its bf16 ``tl.dot`` returns
-    garbage (values near 1e10) without an error.
+    With ``cu_seqlens`` (the host copy :func:`prepare_packed` reads, a NumPy int64 array ``[N + 1]`` of
+    offsets of a packed batch, B = 1: :func:`gla_ref._validate.check_cu_seqlens`) the initial state is
+    ``[N, H, K, V]``. Under Triton's CPU interpreter, bfloat16 inputs are refused (TypeError): its bf16
+    ``tl.dot`` returns garbage (values near 1e10) without an error.
     """
     dims = check_inputs(q, k, v, g, initial_state, gate_ranks=gate_ranks, cu_seqlens=cu_seqlens)
     check_head_dims(dims.K, dims.V)
@@ -81,9 +80,10 @@ def refuse_interpreted_bf16(tensors: dict) -> None:
 class Varlen(NamedTuple):
     """A checked packed batch (FLA's ``cu_seqlens``), as the kernels' ``IS_VARLEN`` path reads it.
 
-    ``cu_seqlens`` int64 ``[N + 1]``: the caller's offsets, on q's device. ``chunk_indices`` int32
-    ``[NT, 2]``: row p is (sequence, chunk inside it) of chunk program p, each sequence cut into
-    ``⌈T_n / C⌉`` chunks from its own first token; ``chunk_offsets`` int32 ``[N + 1]``: the row of
+    ``cu_seqlens`` int64 ``[N + 1]``, contiguous, on q's device: the caller's tensor when it is one
+    already, else a copy of the checked values. ``chunk_indices`` int32 ``[NT, 2]``: row p is
+    (sequence, chunk inside it) of chunk program p, each sequence cut into ``⌈T_n / C⌉`` chunks from
+    its own first token (none for an empty sequence); ``chunk_offsets`` int32 ``[N + 1]``: the row of
     each sequence's first chunk, the last entry being NT. Both are None without a chunk size.
     """
     cu_seqlens: torch.Tensor
@@ -99,28 +99,42 @@ def prepare_packed(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_s
     """:func:`prepare` for a launcher that takes ``cu_seqlens``; returns ``(dims, varlen)``, varlen
     None without offsets and its chunk table None without a chunk size.
 
-    The offsets are read on the host once (a device-to-host copy: for a CUDA tensor the one sync of
-    a packed call; the backward reuses the table) and checked on that copy by :func:`prepare`
-    before anything is built. ``cu_seqlens`` must be on q's device. The table costs
-    ``8·NT + 4·(N + 1)`` bytes, copied to the device once per call.
+    ``cu_seqlens`` follows :func:`gla_ref._validate.read_offsets` (the rule of every form): int32 or
+    int64, ``[N + 1]``, a tensor on q's device of any stride, or a NumPy array; offsets may repeat (an
+    empty sequence: no rows of o, its final state its initial state). It is read on the host once (a
+    device-to-host copy: for a CUDA tensor the one sync of a packed call; the backward reuses the
+    table) and checked on that copy by :func:`prepare` before anything is built. The kernels read a
+    contiguous int64 copy on q's device unless the caller's tensor is one (then no copy). The table
+    costs ``8·NT + 4·(N + 1)`` bytes, copied to the device once per call.
     """
-    on_device = isinstance(cu_seqlens, torch.Tensor)
-    if on_device and isinstance(q, torch.Tensor) and cu_seqlens.device != q.device:
-        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}: "
-                         "all inputs must share a device")
-    host = cu_seqlens.to("cpu") if on_device else cu_seqlens
+    host = None
+    if cu_seqlens is not None:
+        host = read_offsets(cu_seqlens, array_type=torch.Tensor, array_name="torch.Tensor",
+                            device=q.device if isinstance(q, torch.Tensor) else None)
     dims = prepare(q, k, v, g, initial_state, gate_ranks=gate_ranks, cu_seqlens=host)
     if cu_seqlens is None:
         return dims, None
     N = len(host) - 1
+    offsets = device_offsets(cu_seqlens, host, q.device)
     if chunk_size is None:
-        return dims, Varlen(cu_seqlens, N, None, 0, None, None)
-    chunks = cdiv(host[1:] - host[:-1], chunk_size)          # ⌈T_n / C⌉ chunks per sequence
+        return dims, Varlen(offsets, N, None, 0, None, None)
+    host = torch.from_numpy(host)
+    chunks = cdiv(host[1:] - host[:-1], chunk_size)          # ⌈T_n / C⌉ chunks per sequence (0 if empty)
     seq = torch.repeat_interleave(torch.arange(N), chunks)
     first = torch.cumsum(chunks, 0) - chunks
     table = torch.stack([seq, torch.arange(len(seq)) - first[seq]], 1).to(torch.int32)
-    offsets = torch.cat([first, chunks.sum()[None]]).to(torch.int32)
-    return dims, Varlen(cu_seqlens, N, chunk_size, len(seq), table.to(q.device), offsets.to(q.device))
+    starts = torch.cat([first, chunks.sum()[None]]).to(torch.int32)
+    return dims, Varlen(offsets, N, chunk_size, len(seq), table.to(q.device), starts.to(q.device))
+
+
+def device_offsets(cu_seqlens, host, where: torch.device) -> torch.Tensor:
+    """What the kernels read for ``cu_seqlens``: a contiguous int64 tensor on ``where`` (they load
+    ``cu_seqlens + i`` as if contiguous). The caller's tensor when it is one already; otherwise (int32,
+    a strided view, a NumPy array) a copy of ``host``, its checked values."""
+    if (isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dtype == torch.int64 and cu_seqlens.is_contiguous()
+            and cu_seqlens.device == where):
+        return cu_seqlens
+    return torch.from_numpy(host).to(where)
 
 
 def varlen_args(varlen: Varlen | None) -> dict:

@@ -76,8 +76,9 @@ def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_f
         initial_state: ``[B, H, K, V]`` (``[N, H, K, V]`` packed) float32 state S_0, or None (zeros).
         output_final_state: also return the float32 state after the last token.
         chunk_size: C in {16, 32, 64}; the intra-chunk part costs O(C) per token (exact at any C).
-        cu_seqlens: None, or int64 ``[N + 1]`` offsets of N sequences packed in a batch with B = 1
-            (FLA's convention; read on the host, one sync), each chunked from its own first token.
+        cu_seqlens: None, or int32/int64 ``[N + 1]`` offsets of N sequences packed in a batch with B = 1
+            (FLA's convention, as in :func:`gla_ref.triton.chunk.chunk_gla`; read on the host, one
+            sync), each chunked from its own first token.
         states_in_fp32: a bool, default False (chunk_gla's name). The state is always summed in float32 on
             chip; where it enters the forward's output matmul (and dS the dv kernel's) it is rounded to q's
             dtype, as chunk_gla's output kernel reads bf16 states, unless this is True (float32 operands,
