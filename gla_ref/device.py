@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import sys
 from functools import lru_cache
 
 from gla_ref._validate import check_flag
@@ -67,15 +68,20 @@ def triton_interpret() -> bool:
 def use_triton_interpreter() -> bool:
     """Run Triton in its CPU interpreter when there is no GPU; returns whether Triton interprets.
 
-    Must run before any ``@triton.jit`` kernel is defined: ``gla_ref.triton`` calls it first. Triton
-    chooses interpreted or compiled versions of its own library functions when it is first imported,
-    from the environment, so ``TRITON_INTERPRET=1`` is set for that import. Where Triton has knobs
-    (``triton.knobs``; Triton 3.9 has it) the switch is then handed to ``triton.knobs.runtime.interpret``
-    and the variable taken out of ``os.environ`` again: it holds for this process, but child processes do not inherit
-    it (a child that imports ``gla_ref.triton`` makes the same choice for itself). A variable the user
-    set is left alone. With a Triton that has no knobs the variable stays set.
+    ``gla_ref.triton`` calls it before it defines any ``@triton.jit`` kernel. Triton chooses interpreted or
+    compiled versions of its own library functions (``tl.sum``, ``tl.cumsum``, ...) when it is first imported,
+    from the environment, so when Triton is not imported yet ``TRITON_INTERPRET=1`` is set for that import.
+    Where Triton has knobs (``triton.knobs``; Triton 3.4 on) the switch is then handed to
+    ``triton.knobs.runtime.interpret`` and the variable taken out of ``os.environ`` again: it holds for this
+    process, but child processes do not inherit it (a child that imports ``gla_ref.triton`` makes the same
+    choice for itself). A variable the user set is left alone; with a Triton that has no knobs it stays set.
+    When something imported Triton first, in compiled mode (``torch.optim.AdamW`` can, FLA does), see
+    :func:`interpret_imported_triton`.
     """
     if triton_interpret() and not triton_interprets():
+        if "triton" in sys.modules:
+            interpret_imported_triton(sys.modules["triton"])
+            return triton_interprets()
         ours = os.environ.get("TRITON_INTERPRET") != "1"
         os.environ["TRITON_INTERPRET"] = "1"
         import triton
@@ -87,11 +93,38 @@ def use_triton_interpreter() -> bool:
     return triton_interprets()
 
 
+def interpret_imported_triton(triton) -> None:
+    """Switch an already imported, compiled-mode ``triton`` to its interpreter (a machine without CUDA only).
+
+    Its library functions were built for the compiler, and the interpreter cannot call them: with a Triton that
+    has ``triton.knobs.runtime.interpret`` this turns the knob on and rebuilds those functions for the
+    interpreter, so the kernels give the same results as when ``gla_ref.triton`` is imported first (tested).
+    Otherwise it raises an ImportError that says what to do.
+    """
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        runtime = None
+    if runtime is None or not hasattr(runtime, "interpret"):
+        raise ImportError("Triton was imported before gla_ref.triton on a machine without CUDA, and this Triton "
+                          f"({getattr(triton, '__version__', '?')}) has no triton.knobs.runtime.interpret to switch "
+                          "its interpreter on afterwards: import gla_ref.triton first (before anything that imports "
+                          "triton), or set TRITON_INTERPRET=1 in the environment before starting Python; "
+                          "or use backend='auto'/'reference', which never needs Triton")
+    runtime.interpret = True
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "triton.language" or name.startswith("triton.language.")):
+            continue
+        for attr, obj in list(vars(module).items()):
+            if type(obj) is JITFunction:
+                setattr(module, attr, InterpretedFunction(obj.fn))
+
+
 def triton_interprets() -> bool:
     """Whether Triton runs kernels in its interpreter now: its knob where it has one, else the variable.
     Reads Triton's state only once Triton is imported (it is never imported here)."""
-    import sys
-
     runtime = getattr(getattr(sys.modules.get("triton"), "knobs", None), "runtime", None)
     if runtime is not None and hasattr(runtime, "interpret"):
         return bool(runtime.interpret)

@@ -10,7 +10,7 @@ of FLA's cached states, and which backend a call runs.
   cache keeps the recurrent state as ``[N, H, V, K]`` (its kernels' ``state_v_first``) and each short
   convolution's cache as ``[N, D, W]`` (the last W inputs, newest last); ours are ``[N, H, K, V]``
   and ``[N, W − 1, D]`` (or ``[N, W, D]`` on the FLA path, which keeps FLA's oldest column too).
-* :func:`resolve_backend` / :func:`kernel` / :func:`prepare_triton` — ``"auto"`` per call, and the
+* :func:`resolve_backend` / :func:`kernel` — ``"auto"`` per call, and the
   Triton kernels imported on first use only (the reference path never imports Triton).
 * :class:`FLALayerInterface` — FLA's ``forward(hidden_states, attention_mask, past_key_values,
   use_cache)`` and FLA's weights (``from_fla``, ``load_fla_state_dict``, ``fla_state_dict``) of
@@ -24,8 +24,6 @@ The cache contract: an FLA-format cache object in (``past_key_values``: ours,
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +34,7 @@ from gla_ref.layers import config
 from gla_ref.layers.cache import is_cache
 
 __all__ = ["ACTIVATIONS", "unpad", "repad", "padding_mask", "state_from_fla", "state_to_fla", "conv_from_fla",
-           "conv_to_fla", "resolve_backend", "kernel", "prepare_triton", "check_tied_weights", "check_tensor",
+           "conv_to_fla", "resolve_backend", "kernel", "check_tied_weights", "check_tensor",
            "FLALayerInterface"]
 
 
@@ -117,47 +115,9 @@ def resolve_backend(backend, mode, x, T, K, V):
 
 
 def kernel(name):
-    """A :mod:`gla_ref.triton` function, imported on first use (:func:`prepare_triton` first)."""
-    if "gla_ref.triton" not in sys.modules:
-        prepare_triton()
+    """A :mod:`gla_ref.triton` function, imported on first use (whatever imported Triton before it:
+    :func:`gla_ref.device.use_triton_interpreter`)."""
     return getattr(importlib.import_module("gla_ref.triton"), name)
-
-
-def prepare_triton():
-    """Make :mod:`gla_ref.triton` importable on a CPU-only machine where Triton was imported before it.
-
-    Without CUDA the kernels run in Triton's interpreter, which :mod:`gla_ref.triton` switches on before
-    Triton's first import. When something imported Triton first (``torch.optim.AdamW`` can, FLA does),
-    Triton's own ``@triton.jit`` library functions (``tl.sum``, ``tl.cumsum``, …) were built for the
-    compiler, and the interpreter cannot call them. With a Triton that has ``triton.knobs`` (3.4 on),
-    this turns ``triton.knobs.runtime.interpret`` on and rebuilds those library functions for the
-    interpreter (only on a machine without CUDA, where nothing else can run Triton kernels anyway);
-    the kernels then give the same results as when imported first (tested). Otherwise it raises an
-    ImportError that says what to do.
-    """
-    triton = sys.modules.get("triton")
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    interprets = bool(getattr(runtime, "interpret", False)) or os.environ.get("TRITON_INTERPRET") == "1"
-    if triton is None or interprets or torch.cuda.is_available():
-        return
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-    except ImportError:
-        runtime = None
-    if runtime is None or not hasattr(runtime, "interpret"):
-        raise ImportError("Triton was imported before gla_ref.triton on a machine without CUDA, and this Triton "
-                          f"({getattr(triton, '__version__', '?')}) has no triton.knobs.runtime.interpret to switch "
-                          "its interpreter on afterwards: run `import gla_ref.triton` before anything that imports "
-                          "triton, or set TRITON_INTERPRET=1 in the environment before starting Python; "
-                          "or use backend='auto'/'reference', which never needs Triton")
-    runtime.interpret = True
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name == "triton.language" or name.startswith("triton.language.")):
-            continue
-        for attr, obj in list(vars(module).items()):
-            if type(obj) is JITFunction:
-                setattr(module, attr, InterpretedFunction(obj.fn))
 
 
 # ----------------------------------------------------------------------------- tied embeddings

@@ -29,7 +29,7 @@ unless the input is a CUDA tensor, where it runs FLA's choice of :mod:`gla_ref.t
 the GPU uses the kernels, and the reference path never imports Triton. An explicit backend
 (``"reference"``, ``"chunk"``, ``"fused_chunk"``, ``"fused_recurrent"``) always runs; a kernel on a CPU
 runs in Triton's interpreter (slow: for tests), even when Triton was imported first
-(:func:`gla_ref.layers.fla_torch.prepare_triton`).
+(:func:`gla_ref.device.interpret_imported_triton`).
 
 Short convolutions: ``use_short_conv=True, conv_size=4`` runs q, k and v through FLA's causal
 depthwise convolution + SiLU (:mod:`gla_ref.layers.short_conv`). On our path the state is then a

@@ -10,26 +10,21 @@ defined afterwards, other libraries' included, is interpreted too. Triton reads 
 ``TRITON_INTERPRET`` when it is first imported; where it has knobs (``triton.knobs``) the switch
 then moves to ``triton.knobs.runtime.interpret`` and the variable is removed again, so child
 processes do not inherit it (with a Triton without knobs it stays in ``os.environ``, children included).
-Triton picks interpreted or compiled library functions at that first import, so on such a machine
-this package must be imported before anything imports ``triton`` (torch's FLOP counter, say);
-otherwise the import raises an ImportError that says so. With a GPU nothing is set.
+Triton picks interpreted or compiled library functions at that first import; when something imported
+``triton`` before this package (torch's FLOP counter, ``AdamW``, FLA), its library functions are rebuilt
+for the interpreter where Triton has knobs, and the import raises an ImportError that says what to do
+where it has none. With a GPU nothing is set.
 
 ``chunk_gla``, ``chunk_simple_gla``, ``fused_chunk_gla`` and ``fused_recurrent_gla`` take packed
 batches: ``cu_seqlens``, FLA's int32 or int64 ``[N + 1]`` offsets into a batch with B = 1, with initial and
 final states ``[N, H, K, V]``.
 """
 
-import sys
+from gla_ref.device import use_triton_interpreter
 
-from gla_ref.device import triton_interprets, use_triton_interpreter
-
-# Triton's own library functions (tl.sum, tl.cumsum, ...) pick compiled or interpreted mode when
-# triton is first imported: if that happened before the switch, the interpreter cannot run them.
-_imported_compiled = "triton" in sys.modules and not triton_interprets()
-if use_triton_interpreter() and _imported_compiled:
-    raise ImportError("triton was imported before gla_ref.triton on a machine without CUDA, so its "
-                      "interpreter cannot run: import gla_ref.triton first, or set TRITON_INTERPRET=1 "
-                      "before importing triton")
+# Before any kernel is defined: on a machine without CUDA, Triton's interpreter (also when something imported
+# Triton first, in compiled mode: gla_ref.device.interpret_imported_triton).
+use_triton_interpreter()
 
 # kernels (each module defines its autograd.Function and the public function)
 from gla_ref.triton.chunk import chunk_gla  # noqa: E402

@@ -18,9 +18,9 @@ pytest.importorskip("triton")
 
 if not torch.cuda.is_available():  # before FLA imports Triton: its kernels must be defined for the interpreter
     if "triton" in sys.modules:
-        from gla_ref.layers.fla_torch import prepare_triton
+        from gla_ref.device import use_triton_interpreter
 
-        prepare_triton()
+        use_triton_interpreter()
     else:
         os.environ["TRITON_INTERPRET"] = "1"
     from triton.runtime import autotuner

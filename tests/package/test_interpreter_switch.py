@@ -55,9 +55,31 @@ def test_a_users_own_variable_is_left_alone():
     assert run.stdout.split()[-1] == "1"
 
 
-def test_importing_triton_first_is_refused_with_the_remedy():
+def test_importing_triton_first_still_interprets():
+    """Triton imported first, in compiled mode (AdamW and FLA do it): gla_ref.triton switches the interpreter on
+    and rebuilds Triton's library functions for it, and a kernel that uses them (tl.cumsum) gives the float64
+    reference's numbers."""
     run = _python("""
         import triton
+        assert not triton.knobs.runtime.interpret
+        import torch
+        import gla_ref.triton
+        from gla_ref import testing, torch_ref
+        assert triton.knobs.runtime.interpret
+        q, k, v = (torch.randn(1, 40, 2, 16) for _ in range(3))
+        g = torch.nn.functional.logsigmoid(torch.randn(1, 40, 2, 16)) / 16
+        o, _ = gla_ref.triton.chunk_gla(q, k, v, g)
+        o64, _ = torch_ref.recurrent_gla(q.double(), k.double(), v.double(), g.double())
+        print(testing.rel_rmse(o64, o))
+    """)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert float(run.stdout.split()[-1]) < 1e-5
+
+
+def test_importing_triton_first_without_knobs_is_refused_with_the_remedy():
+    run = _python("""
+        import triton
+        del triton.knobs  # a Triton before 3.4 cannot switch its interpreter on after its import
         import gla_ref.triton
     """)
     assert run.returncode != 0
