@@ -96,8 +96,9 @@ def run_worker(args, pinned="", index=0, timeout=120) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode == 0 and lines:
         return {"status": "ok", **json.loads(lines[-1])}
-    tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or [f"exit code {proc.returncode}"]
-    return {"status": "fault", "error": tail[0][:300]}
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    raised = [line for line in lines if not line.startswith(" ") and ("Error" in line or "Exception" in line)]
+    return {"status": "fault", "error": (raised or lines or [f"exit code {proc.returncode}"])[-1][:300]}
 
 
 def sweep(args) -> list:

@@ -6,6 +6,7 @@ test module: a test module imports no other module of tests/."""
 from __future__ import annotations
 
 import os
+import pathlib
 
 import pytest
 
@@ -20,6 +21,10 @@ if has_triton():
 # others then run out of memory (on the H200, 2026-11-28, 101 of 755 Triton tests failed that way under -n 8).
 # Allocating on demand instead changes nothing on a CPU; an explicit setting in the environment is kept.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# Processes the tests start (benchmark scripts, multi-process workers) import the gla_ref of this tree, installed
+# or not (the GPU machine runs the tests from a copy of the tree without installing it).
+ROOT = str(pathlib.Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 
 @pytest.fixture

@@ -32,6 +32,14 @@ pytestmark = pytest.mark.skipif(compat.gpu_interpret_params() is None,
                                 reason=f"jax {jax.__version__} has no Mosaic GPU interpreter")
 
 
+@pytest.fixture(autouse=True)
+def _cpu_arrays():
+    """Every test here runs the interpreter on CPU arrays: on a machine with a GPU, jax's default device would
+    otherwise put the interpreted kernels' dots on the GPU, at its default (reduced) matmul precision."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @contextlib.contextmanager
 def _interpreter():
     """Fresh interpreter state (JAX needs it after a failure inside the interpreter), CPU arrays,
