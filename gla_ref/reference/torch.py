@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from gla_ref._validate import (check_chunk_sizes, check_flag, check_gate_shape, check_gate_values,
-                               check_inputs, check_scale, packed_layout, read_offsets)
+                               check_inputs, check_scale, invalid_gates_to_nan, packed_layout,
+                               read_offsets)
 
 __all__ = ["recurrent_gla", "parallel_gla", "chunk_gla", "chunk_gla_two_level",
            "parallel_gla_naive", "chunk_gla_direct", "expand_gate"]
@@ -73,13 +74,19 @@ def checked_inputs(q, k, v, g, scale, initial_state, cu_seqlens=None):
     """Validate the inputs; return ``((q, k, v, g, h0, scale), offsets)``: g as ``[B, T, H, K]``,
     h0 zeros ``[N, H, K, V]`` where no initial state is given, the default scale filled in, and
     the values of cu_seqlens as a list, or None (read on the host: a sync for a CUDA tensor;
-    :func:`gla_ref._validate.read_offsets` says what it may be)."""
+    :func:`gla_ref._validate.read_offsets` says what it may be). Under ``torch.compile`` the values of q, k,
+    v, g and the initial state are not read (that would break the graph and sync the device): NaN or inf
+    inputs then give NaN outputs, and an invalid gate is made NaN, so the result is loud, never finite and
+    wrong."""
     if cu_seqlens is not None:
         cu_seqlens = read_offsets(cu_seqlens, array_type=torch.Tensor, array_name="torch.Tensor",
                                   device=q.device if isinstance(q, torch.Tensor) else None)
     dims = check_inputs(q, k, v, g, initial_state, cu_seqlens=cu_seqlens)
     scale = check_scale(scale, dims.K)
-    check_input_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
+    if torch.compiler.is_compiling():  # a compiled graph reads no value on the host: an invalid gate becomes NaN
+        g = None if g is None else invalid_gates_to_nan(g, torch.where)
+    else:
+        check_input_values(q=q, k=k, v=v, g=g, initial_state=initial_state)
     g = expand_gate(g, dims.B, dims.T, dims.H, dims.K, device=q.device)
     offsets = None if cu_seqlens is None else cu_seqlens.tolist()
     if initial_state is None:  # an empty state: every form then has one code path
