@@ -20,6 +20,7 @@ from gla_ref.layers.torch import GLALM, GatedLinearAttention  # noqa: E402
 from gla_ref.testing import assert_close  # noqa: E402
 
 D, H, T = 32, 2, 13
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the kernel backends run
 TOL = 1e-5
 
 
@@ -95,9 +96,9 @@ def test_conv_layer_shapes_names_and_parameter_count():
                                            ("scalar", "fused_recurrent"), ("const", "chunk"),
                                            ("none", "fused_recurrent")])
 def test_kernel_backend_with_conv_matches_reference(gate, backend):
-    ref, ker = _layer(gate=gate), _layer(gate=gate, backend=backend)
+    ref, ker = _layer(gate=gate).to(DEVICE), _layer(gate=gate, backend=backend).to(DEVICE)
     ker.load_state_dict(ref.state_dict())
-    x = _x(batch=1)
+    x = _x(batch=1).to(DEVICE)
     outs = []
     for layer in (ref, ker):
         layer.zero_grad()
@@ -141,13 +142,14 @@ def test_step_needs_the_conv_state():
 def test_packed_sequences_equal_each_sequence_alone(backend):
     """Lengths 6, 1, 2, 4: a conv window must not reach into the previous sequence, each sequence starts
     from its own state row, and the final conv caches are each sequence's own last inputs."""
-    layer, lengths = _layer(backend=backend), [6, 1, 2, 4]
-    xs = [_x(batch=1, T=n, seed=i) for i, n in enumerate(lengths)]
+    layer, lengths = _layer(backend=backend).to(DEVICE), [6, 1, 2, 4]
+    xs = [_x(batch=1, T=n, seed=i).to(DEVICE) for i, n in enumerate(lengths)]
     gen = torch.Generator().manual_seed(5)
     N = len(lengths)
-    h0 = ShortConvState(torch.randn(N, H, 8, 16, generator=gen), torch.randn(N, 3, 16, generator=gen),
-                        torch.randn(N, 3, 16, generator=gen), torch.randn(N, 3, 32, generator=gen))
-    cu = torch.tensor(np.cumsum([0, *lengths]), dtype=torch.int64)
+    h0 = ShortConvState(*(x.to(DEVICE) for x in (
+        torch.randn(N, H, 8, 16, generator=gen), torch.randn(N, 3, 16, generator=gen),
+        torch.randn(N, 3, 16, generator=gen), torch.randn(N, 3, 32, generator=gen))))
+    cu = torch.tensor(np.cumsum([0, *lengths]), dtype=torch.int64, device=DEVICE)
     with torch.no_grad():
         y, S = layer(torch.cat(xs, 1), initial_state=h0, output_final_state=True, cu_seqlens=cu)
         alone = [layer(x, initial_state=ShortConvState(*(s[i:i + 1] for s in h0)), output_final_state=True)

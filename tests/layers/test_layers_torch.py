@@ -24,6 +24,7 @@ from gla_ref.layers.torch import (MIXERS, GatedLinearAttention, GLABlock, GLALM,
 from gla_ref.testing import assert_close, recurrence64  # noqa: E402
 
 D, H, B, T = 32, 2, 2, 19
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the kernel backends run
 TOL = 1e-5  # relative RMSE, float32 against float32 (seen: ~3e-7 for outputs, ~1e-6 for gradients)
 SIMPLE = dict(group_norm_size=2, use_qk_norm=True, layer_idx=1, num_layers=3)
 
@@ -49,11 +50,12 @@ def _same_weights(layer, make, backend):
 
 
 def _run_with_grads(layer, x, h0, cotangents):
-    """y and final state from h0, and the gradients of ⟨y, c_y⟩ + ⟨S, c_S⟩ for every parameter, x and h0."""
+    """y and final state from h0, and the gradients of ⟨y, c_y⟩ + ⟨S, c_S⟩ for every parameter, x and h0
+    (the layer on DEVICE, the tensors made on the CPU and moved there)."""
     x, h0 = x.clone().requires_grad_(), h0.clone().requires_grad_()
-    layer.zero_grad()
-    y, S = layer(x, initial_state=h0, output_final_state=True)
-    ((y * cotangents[0]).sum() + (S * cotangents[1]).sum()).backward()
+    layer.to(DEVICE).zero_grad()
+    y, S = layer(x.to(DEVICE), initial_state=h0.to(DEVICE), output_final_state=True)
+    ((y * cotangents[0].to(DEVICE)).sum() + (S * cotangents[1].to(DEVICE)).sum()).backward()
     grads = {name: p.grad for name, p in layer.named_parameters()}
     return y.detach(), S.detach(), {**grads, "x": x.grad, "initial_state": h0.grad}
 
@@ -90,18 +92,18 @@ def test_kernel_backend_matches_reference(make, backend):
     pytest.param(lambda: _simple(backend="chunk"), id="simple-chunk")])
 def test_packed_sequences_equal_each_sequence_alone(make):
     """cu_seqlens: one packed row of three sequences (lengths 7, 1, 11) = each run alone, states included."""
-    layer, lengths = make(), [7, 1, 11]
+    layer, lengths = make().to(DEVICE), [7, 1, 11]
     _, H_, K, V = layer.dims
-    xs = [_x(T=n, seed=i, batch=1) for i, n in enumerate(lengths)]
-    h0 = torch.randn(len(lengths), H_, K, V, generator=torch.Generator().manual_seed(3))
-    cu = torch.tensor([0, 7, 8, 19], dtype=torch.int64)
+    xs = [_x(T=n, seed=i, batch=1).to(DEVICE) for i, n in enumerate(lengths)]
+    h0 = torch.randn(len(lengths), H_, K, V, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    cu = torch.tensor([0, 7, 8, 19], dtype=torch.int64, device=DEVICE)
     with torch.no_grad():
         y, S = layer(torch.cat(xs, 1), initial_state=h0, output_final_state=True, cu_seqlens=cu)
         alone = [layer(x, initial_state=h0[i:i + 1], output_final_state=True) for i, x in enumerate(xs)]
     assert_close("y", torch.cat([a[0] for a in alone], 1), y, TOL)
     assert_close("states", torch.cat([a[1] for a in alone], 0), S, TOL)
     with pytest.raises(ValueError, match="cu_seqlens"):
-        layer(torch.cat(xs, 1), cu_seqlens=torch.tensor([0, 7, 8, 18]))
+        layer(torch.cat(xs, 1), cu_seqlens=torch.tensor([0, 7, 8, 18], device=DEVICE))
 
 
 @pytest.mark.parametrize("backend", ["reference", "fused_recurrent"])
@@ -132,7 +134,7 @@ def test_packed_offsets_follow_fla_conventions(backend):
     pytest.param(lambda: _simple(backend="chunk"), 1, id="simple-chunk")])
 def test_prefill_then_decode_equals_one_pass(make, batch):
     """Two chunkwise calls (the second from the first's state), then one token at a time with ``step``."""
-    layer, x = make(), _x(batch=batch)
+    layer, x = make().to(DEVICE), _x(batch=batch).to(DEVICE)
     with torch.no_grad():
         y_full, S_full = layer(x, output_final_state=True)
         y_a, S = layer(x[:, :8], output_final_state=True)
@@ -351,10 +353,11 @@ def _packed_and_alone(lm, lengths=PACKED):
     N, ends = len(lengths), np.cumsum([0, *lengths])
     gen = torch.Generator().manual_seed(1)
     dims = [layer.attn.dims[1:] for layer in lm.layers]
-    h0 = [0.3 * torch.randn(N, *hkv, generator=gen) for hkv in dims]
-    cot_logits = torch.randn(1, ends[-1], VOCAB, generator=gen)
-    cot_states = [torch.randn(N, *hkv, generator=gen) for hkv in dims]
-    ids = _packed_ids(lengths)
+    dev = next(lm.parameters()).device
+    h0 = [0.3 * torch.randn(N, *hkv, generator=gen).to(dev) for hkv in dims]
+    cot_logits = torch.randn(1, ends[-1], VOCAB, generator=gen).to(dev)
+    cot_states = [torch.randn(N, *hkv, generator=gen).to(dev) for hkv in dims]
+    ids = [x.to(dev) for x in _packed_ids(lengths)]
 
     def grads(states):
         return {**{name: p.grad.clone() for name, p in lm.named_parameters()},
@@ -362,7 +365,7 @@ def _packed_and_alone(lm, lengths=PACKED):
 
     lm.zero_grad()
     states = [s.clone().requires_grad_() for s in h0]
-    logits, out, loss = _lm_run(lm, torch.cat(ids, 1), states, cot_logits, cot_states, _cu(lengths))
+    logits, out, loss = _lm_run(lm, torch.cat(ids, 1), states, cot_logits, cot_states, _cu(lengths).to(dev))
     loss.backward()
     packed = (logits.detach(), [S.detach() for S in out], grads(states))
 
@@ -387,7 +390,7 @@ def test_packed_lm_equals_each_sequence_alone(mixer, backend):
     reference = backend == "reference"
     lengths = PACKED if reference else [13, 1, 6]
     torch.manual_seed(0)
-    lm = GLALM(VOCAB, D, num_layers=2 if reference else 1, num_heads=H, mixer=mixer, backend=backend)
+    lm = GLALM(VOCAB, D, num_layers=2 if reference else 1, num_heads=H, mixer=mixer, backend=backend).to(DEVICE)
     (logits, states, grads), (logits_1, states_1, grads_1) = _packed_and_alone(lm, lengths)
     assert logits.shape == (1, sum(lengths), VOCAB) and states[0].shape[0] == len(lengths)
     assert_close("logits", logits_1, logits, TOL)
