@@ -24,6 +24,7 @@ The cache contract: an FLA-format cache object in (``past_key_values``: ours,
 from __future__ import annotations
 
 import importlib
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -117,7 +118,10 @@ def resolve_backend(backend, mode, x, T, K, V):
 def kernel(name):
     """A :mod:`gla_ref.triton` function, imported on first use (whatever imported Triton before it:
     :func:`gla_ref.device.use_triton_interpreter`)."""
-    return getattr(importlib.import_module("gla_ref.triton"), name)
+    triton_kernels = sys.modules.get("gla_ref.triton")  # torch.compile traces this lookup, not an import
+    if triton_kernels is None:
+        triton_kernels = importlib.import_module("gla_ref.triton")
+    return getattr(triton_kernels, name)
 
 
 # ----------------------------------------------------------------------------- tied embeddings

@@ -41,6 +41,16 @@ def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_seqlens=
     for name, x in tensors.items():
         if x is not None and x.device != q.device:
             raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all inputs must share a device")
+    if not torch.compiler.is_compiling():  # traced by torch.compile: the custom operator checks when it runs
+        launch_checks(tensors)
+    return dims
+
+
+def launch_checks(tensors: dict) -> None:
+    """What depends on the machine and on the values, checked where the kernels will run: CUDA tensors when
+    there is a GPU; no bfloat16 under the interpreter; an assembler that compiles these kernels correctly
+    (:mod:`~gla_ref.triton.common.ptxas`); in debug mode, the values. ``tensors`` maps names to inputs (q first)."""
+    q = tensors["q"]
     if q.device.type != "cuda" and not device.triton_interpret():
         raise ValueError(f"q is on {q.device}: Triton kernels need CUDA tensors when a GPU is present")
     if device.triton_interpret():
@@ -50,7 +60,6 @@ def prepare(q, k, v, g=None, initial_state=None, *, gate_ranks=(4,), cu_seqlens=
         ptxas.check((props.major, props.minor))
     if device.is_debug():
         check_values(tensors)
-    return dims
 
 
 @functools.lru_cache(maxsize=None)
