@@ -35,7 +35,7 @@ from gla_ref.layers import config
 from gla_ref.layers.cache import is_cache
 
 __all__ = ["ACTIVATIONS", "unpad", "repad", "padding_mask", "state_from_fla", "state_to_fla", "conv_from_fla",
-           "conv_to_fla", "resolve_backend", "kernel", "check_tied_weights", "check_tensor",
+           "conv_to_fla", "resolve_backend", "import_kernels", "kernel", "check_tied_weights", "check_tensor",
            "FLALayerInterface"]
 
 
@@ -113,6 +113,14 @@ def resolve_backend(backend, mode, x, T, K, V):
     if not x.is_cuda or K > MAX_K or V > MAX_V:
         return "reference"
     return "fused_recurrent" if T <= 64 else mode
+
+
+def import_kernels(backend: str) -> None:
+    """Import :mod:`gla_ref.triton` when a layer is built whose ``backend`` will use it: an explicit kernel
+    backend, or ``"auto"`` on a machine with CUDA. A model compiled before its first call then finds the
+    kernels loaded (``torch.compile`` traces :func:`kernel`'s lookup, and would stop at an import)."""
+    if backend not in ("auto", "reference") or (backend == "auto" and torch.cuda.is_available()):
+        importlib.import_module("gla_ref.triton")
 
 
 def kernel(name):

@@ -286,6 +286,7 @@ class GatedLinearAttention(FLALayerInterface, TokenMixer):
             feature_map=feature_map, gate_fn=gate_fn, use_output_gate=use_output_gate,
             elementwise_affine=elementwise_affine, clamp_min=clamp_min, conv_bias=conv_bias, fuse_norm=fuse_norm,
             mode=mode, layer_idx=layer_idx)
+        fla_torch.import_kernels(s.backend)
         self.dims = (s.d, s.H, s.K, s.V)
         self.layer_idx = s.layer_idx
         kv_k, kv_v = s.kv_heads * s.K, s.kv_heads * s.V
@@ -395,6 +396,7 @@ class SimpleGatedLinearAttention(TokenMixer):
         super().__init__()
         s = self.sizes = config.simple_sizes(hidden_size, num_heads, head_dim, group_norm_size, use_qk_norm,
                                              layer_idx, num_layers, norm_eps, backend)
+        fla_torch.import_kernels(s.backend)
         self.dims = (s.d, s.H, s.D, s.D)
         self.query_key_value = nn.Linear(s.d, 3 * s.inner, bias=False)
         if s.use_qk_norm:

@@ -42,7 +42,7 @@ from gla_ref.triton.common.host import (
     prepare_packed,
     stateful_function,
 )
-from gla_ref.triton.common.ops import Door, StatefulOp
+from gla_ref.triton.common.ops import Door, FamilyOp
 from gla_ref.triton.common.gates import valid_gate
 from gla_ref.triton.common.tiles import sequence_tokens, token_bases
 
@@ -221,7 +221,7 @@ def _backward(q, k, v, g, h0, ht, do, dht, scale, reverse, varlen):
 FusedRecurrentGLA = Door(stateful_function(
     "FusedRecurrentGLA", _forward, _backward,
     "Autograd wrapper: the forward keeps only its inputs (and the final state when returned)."),
-    StatefulOp("fused_recurrent_gla", _forward, _backward, option_types=(bool,)))
+    FamilyOp("fused_recurrent_gla", _forward, _backward, option_types=(bool,)))
 
 
 def fused_recurrent_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,

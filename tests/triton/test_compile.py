@@ -1,6 +1,6 @@
 """torch.compile and the Triton families (CPU: Triton's interpreter; the GPU run is reported apart).
 
-While torch.compile traces, ``fused_recurrent_gla`` and ``fused_chunk_gla`` go through their custom operators
+While torch.compile traces, ``chunk_gla``, ``fused_recurrent_gla`` and ``fused_chunk_gla`` go through their custom operators
 (gla_ref.triton.common.ops): checked by ``torch.library.opcheck`` (schema, fake tensors, autograd registration,
 AOT dispatch), and compiled with ``fullgraph=True`` (no graph break) they give the eager call's o, final state
 and every gradient bit for bit. ``backend="aot_eager"`` traces forward and backward as inductor would,
@@ -15,10 +15,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from gla_ref.layers.torch import GatedLinearAttention  # noqa: E402
-from gla_ref.triton import fused_chunk, fused_chunk_gla, fused_recurrent, fused_recurrent_gla  # noqa: E402
+from gla_ref.triton import chunk, chunk_gla, fused_chunk, fused_chunk_gla, fused_recurrent, fused_recurrent_gla  # noqa: E402,E501
 
 B, T, H, K, V = 1, 20, 2, 16, 24
-FAMILIES = {"fused_recurrent_gla": (fused_recurrent_gla, fused_recurrent.FusedRecurrentGLA, [0]),
+FAMILIES = {"chunk_gla": (lambda *a, **kw: chunk_gla(*a, chunk_size=16, **kw), chunk.ChunkGLA, [16, 0]),
+            "fused_recurrent_gla": (fused_recurrent_gla, fused_recurrent.FusedRecurrentGLA, [0]),
             "fused_chunk_gla": (fused_chunk_gla, fused_chunk.FusedChunkGLA, [16, 0])}
 
 
@@ -40,8 +41,9 @@ def _step(fn, xs, **kw):
 def test_operators_pass_opcheck(name):
     _, door, options = FAMILIES[name]
     q, k, v, g, h0 = _inputs()
-    for args in ((q, k, v, g, h0, 0.25, True, options, None, None, None, []),
-                 (q, k, v, None, None, 0.25, False, options, None, None, None, [])):
+    gates = (g, None) if name != "chunk_gla" else (g, g)  # chunk_gla needs its gates
+    for args in ((q, k, v, gates[0], h0, 0.25, True, options, None, None, None, [0, 0, 0]),
+                 (q, k, v, gates[1], None, 0.25, False, options, None, None, None, [0, 0, 0])):
         result = torch.library.opcheck(door.op.fwd, args)
         assert set(result.values()) == {"SUCCESS"}, result
 
@@ -69,7 +71,7 @@ def test_packed_batch_compiles_with_a_break_at_the_offsets():
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
 
 
-@pytest.mark.parametrize("backend", ["fused_recurrent", "fused_chunk"])
+@pytest.mark.parametrize("backend", ["chunk", "fused_recurrent", "fused_chunk"])
 def test_layer_on_a_kernel_backend_compiles_to_one_graph(backend):
     torch.manual_seed(0)
     layer = GatedLinearAttention(32, 2, backend=backend)
@@ -78,3 +80,24 @@ def test_layer_on_a_kernel_backend_compiles_to_one_graph(backend):
     torch._dynamo.reset()
     yc, Sc = torch.compile(lambda x: layer(x, output_final_state=True), fullgraph=True, backend="aot_eager")(x)
     assert torch.equal(y, yc) and torch.equal(S, Sc)
+
+
+def test_a_layer_compiled_before_its_first_call():
+    """In a fresh process, a layer on a kernel backend compiled before it ever ran: the layer imported the
+    kernels when it was built, so the trace finds them (an import inside the trace would break the graph)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch
+        from gla_ref.layers.torch import GatedLinearAttention
+        layer = GatedLinearAttention(32, 2, backend="chunk")
+        x = torch.randn(1, 19, 32)
+        step = torch.compile(lambda x: layer(x, output_final_state=True), fullgraph=True, backend="aot_eager")
+        yc, Sc = step(x)
+        y, S = layer(x, output_final_state=True)
+        print(torch.equal(y, yc) and torch.equal(S, Sc))
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.split()[-1] == "True", run.stderr[-2000:]

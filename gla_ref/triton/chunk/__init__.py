@@ -58,6 +58,7 @@ from torch.autograd.function import once_differentiable
 
 from gla_ref._validate import check_flag, check_scale
 from gla_ref.triton.common.host import check_chunk_size, prepare_packed
+from gla_ref.triton.common.ops import Door, FamilyOp
 from gla_ref.triton.chunk.backward import chunk_bwd_dqkg, chunk_bwd_dv
 from gla_ref.triton.chunk.cumsum import chunk_gates_and_operands
 from gla_ref.triton.chunk.intra import chunk_intra_attention
@@ -65,34 +66,61 @@ from gla_ref.triton.chunk.output import chunk_output
 from gla_ref.triton.chunk.state import chunk_state_bwd, chunk_state_fwd
 
 
+def chunk_forward(q, k, v, g, h0, scale, output_final_state, chunk_size, states_in_fp32, varlen=None):
+    """Forward steps 1-4 on contiguous inputs: ``(o, final state or None, b, A)``, b and A kept for the backward."""
+    b, qt, kt = chunk_gates_and_operands(q, k, g, scale, chunk_size, varlen)
+    h, ht = chunk_state_fwd(kt, v, b, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32,
+                            decayed=True)
+    del kt                                   # before A is allocated: the forward's peak stays lower
+    A = chunk_intra_attention(q, k, b, scale, chunk_size, varlen)
+    o = chunk_output(qt, v, h, A, chunk_size, varlen)
+    return o, ht, b, A
+
+
+def chunk_backward(q, k, v, g_dtype, h0, b, A, do, dht, scale, chunk_size, varlen=None):
+    """Backward steps 1-7 on contiguous inputs, b and A from the forward (the states are recomputed, in float32):
+    ``(dq, dk, dv, dg, dh0)``, dg in ``g_dtype``."""
+    C = chunk_size
+    h, _ = chunk_state_fwd(k, v, b, h0, False, C, varlen, states_in_fp32=True)  # dq, dk read it: float32
+    dh, dh0 = chunk_state_bwd(q, b, do, dht, scale, h0 is not None, C, varlen)
+    dv = chunk_bwd_dv(k, b, A, dh, do, C, varlen)
+    dq, dk, dg = chunk_bwd_dqkg(q, k, v, b, h, dh, do, scale, C, g_dtype, varlen)
+    return dq, dk, dv, dg, dh0
+
+
 class ChunkGLAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, varlen=None,
-                states_in_fp32=False):
+    def forward(ctx, q, k, v, g, initial_state, scale, output_final_state, options, varlen=None):
         q, k, v, g = (x.contiguous() for x in (q, k, v, g))
         h0 = None if initial_state is None else initial_state.contiguous()
-        b, qt, kt = chunk_gates_and_operands(q, k, g, scale, chunk_size, varlen)
-        h, ht = chunk_state_fwd(kt, v, b, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32,
-                                decayed=True)
-        del kt                                   # before A is allocated: the forward's peak stays lower
-        A = chunk_intra_attention(q, k, b, scale, chunk_size, varlen)
-        o = chunk_output(qt, v, h, A, chunk_size, varlen)
+        o, ht, b, A = chunk_forward(q, k, v, g, h0, scale, output_final_state, *options, varlen=varlen)
         ctx.save_for_backward(q, k, v, b, h0, A)
-        ctx.scale, ctx.chunk_size, ctx.g_dtype, ctx.varlen = scale, chunk_size, g.dtype, varlen
+        ctx.scale, ctx.chunk_size, ctx.g_dtype, ctx.varlen = scale, options[0], g.dtype, varlen
         return o, ht
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do, dht):
         q, k, v, b, h0, A = ctx.saved_tensors
-        C, scale, varlen = ctx.chunk_size, ctx.scale, ctx.varlen
-        do = do.contiguous()
         dht = None if dht is None else dht.contiguous()
-        h, _ = chunk_state_fwd(k, v, b, h0, False, C, varlen, states_in_fp32=True)  # dq, dk read it: float32
-        dh, dh0 = chunk_state_bwd(q, b, do, dht, scale, h0 is not None, C, varlen)
-        dv = chunk_bwd_dv(k, b, A, dh, do, C, varlen)
-        dq, dk, dg = chunk_bwd_dqkg(q, k, v, b, h, dh, do, scale, C, ctx.g_dtype, varlen)
-        return dq, dk, dv, dg, None, dh0, None, None, None, None
+        grads = chunk_backward(q, k, v, ctx.g_dtype, h0, b, A, do.contiguous(), dht, ctx.scale, ctx.chunk_size,
+                               varlen=ctx.varlen)
+        return (*grads, None, None, None, None)
+
+
+def _op_backward(q, k, v, g, h0, ht, b, A, do, dht, scale, chunk_size, states_in_fp32, varlen=None):
+    """:func:`chunk_backward` as the custom operator calls a family's backward."""
+    return chunk_backward(q, k, v, g.dtype, h0, b, A, do, dht, scale, chunk_size, varlen)
+
+
+def _chunk_residuals(q, k, v, g, chunk_size, states_in_fp32):
+    """The shapes of what chunk_forward keeps: b (float32, g's shape) and A ``[B, T, H, C]`` in q's dtype."""
+    return torch.empty_like(g, dtype=torch.float32), q.new_empty((*q.shape[:3], chunk_size))
+
+
+ChunkGLA = Door(ChunkGLAFunction, FamilyOp("chunk_gla", chunk_forward, _op_backward, option_types=(int, bool),
+                                            residuals=_chunk_residuals))
+"""Eager calls: the autograd.Function; under torch.compile: gla_ref::chunk_gla_fwd/_bwd."""
 
 
 def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
@@ -129,5 +157,5 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
                                   chunk_size=chunk_size)
     output_final_state = check_flag("output_final_state", output_final_state)
     states_in_fp32 = check_flag("states_in_fp32", states_in_fp32)
-    return ChunkGLAFunction.apply(q, k, v, g, check_scale(scale, dims.K), initial_state,
-                                  output_final_state, chunk_size, varlen, states_in_fp32)
+    return ChunkGLA.apply(q, k, v, g, initial_state, check_scale(scale, dims.K), output_final_state,
+                          (chunk_size, states_in_fp32), varlen)

@@ -29,9 +29,11 @@ Tensor = torch.Tensor
 
 
 def varlen_parts(varlen: Optional[Varlen]) -> tuple:
-    """``(cu_seqlens, chunk_indices, chunk_offsets, [N, C, NT])`` of a packed batch, or Nones and ``[]``."""
+    """``(cu_seqlens, chunk_indices, chunk_offsets, [N, C, NT])`` of a packed batch, or Nones and zeros (a list
+    argument of an operator is never empty: autograd's check of the backward's structure takes an empty one
+    apart)."""
     if varlen is None:
-        return None, None, None, []
+        return None, None, None, [0, 0, 0]
     return varlen.cu_seqlens, varlen.chunk_indices, varlen.chunk_offsets, [varlen.N, varlen.C or 0, varlen.NT]
 
 
@@ -53,7 +55,7 @@ def _or_none(x: Tensor, present: bool):
 
 class Door:
     """What a family's door calls: ``function`` (an ``autograd.Function``) in eager mode, ``op`` (a
-    :class:`StatefulOp`) while ``torch.compile`` traces; both take the same ``apply`` arguments."""
+    :class:`FamilyOp`) while ``torch.compile`` traces; both take the same ``apply`` arguments."""
 
     def __init__(self, function, op):
         self.function, self.op = function, op
@@ -62,22 +64,24 @@ class Door:
         return (self.op if torch.compiler.is_compiling() else self.function).apply(*args)
 
 
-class StatefulOp:
-    """A family whose kernels keep the state on chip (``fused_chunk``, ``fused_recurrent``), as a pair of
-    custom operators; :meth:`apply` takes the arguments its ``autograd.Function`` took.
+class FamilyOp:
+    """A kernel family as a pair of custom operators; :meth:`apply` takes the arguments of its
+    ``autograd.Function``: ``(q, k, v, g, initial_state, scale, output_final_state, options, varlen)``.
 
-    ``forward(q, k, v, g, h0, scale, output_final_state, *options, varlen=varlen) -> (o, ht)`` and
-    ``backward(q, k, v, g, h0, ht, do, dht, scale, *options, varlen=varlen) -> (dq, dk, dv, dg, dh0)``
-    are the family's passes; ``option_types`` converts the options back from the integers an operator
-    carries (``(bool,)`` for the direction, ``(int, bool)`` for chunk size and state dtype). The forward
-    saves only its inputs and the final state.
+    ``forward(q, k, v, g, h0, scale, output_final_state, *options, varlen=varlen) -> (o, ht, *residuals)`` and
+    ``backward(q, k, v, g, h0, ht, *residuals, do, dht, scale, *options, varlen=varlen) -> (dq, dk, dv, dg,
+    dh0)`` are the family's passes. ``residuals(q, k, v, g, *options)`` gives empty tensors shaped like what
+    the forward keeps besides its inputs and final state (none for the families that keep the state on chip,
+    ``fused_chunk`` and ``fused_recurrent``; b and A for ``chunk``). ``option_types`` converts the options
+    back from the integers an operator carries (``(bool,)`` for the direction, ``(int, bool)`` for chunk size
+    and state dtype).
     """
 
-    def __init__(self, name: str, forward, backward, option_types: tuple):
-        self.name, self.option_types = name, option_types
+    def __init__(self, name: str, forward, backward, option_types: tuple, residuals=None):
+        self.name, self.option_types, self.residuals = name, option_types, residuals or (lambda *args: ())
         self.fwd = torch.library.custom_op(f"gla_ref::{name}_fwd", self._fwd_impl(forward), mutates_args=())
         self.bwd = torch.library.custom_op(f"gla_ref::{name}_bwd", self._bwd_impl(backward), mutates_args=())
-        self.fwd.register_fake(_fwd_fake)
+        self.fwd.register_fake(self._fwd_fake)
         self.bwd.register_fake(_bwd_fake)
         self.fwd.register_autograd(self._backward, setup_context=_save)
 
@@ -88,45 +92,51 @@ class StatefulOp:
         def fwd(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], h0: Optional[Tensor], scale: float,
                 output_final_state: bool, options: list[int], cu_seqlens: Optional[Tensor],
                 chunk_indices: Optional[Tensor], chunk_offsets: Optional[Tensor],
-                sizes: list[int]) -> tuple[Tensor, Tensor]:
+                sizes: list[int]) -> tuple[Tensor, Tensor, list[Tensor]]:
             launch_checks({"q": q, "k": k, "v": v, "g": g, "initial_state": h0})  # the door's, skipped when traced
             q, k, v = (x.contiguous() for x in (q, k, v))
             g, h0 = (None if x is None else x.contiguous() for x in (g, h0))
             varlen = varlen_from(cu_seqlens, chunk_indices, chunk_offsets, sizes)
-            o, ht = forward(q, k, v, g, h0, scale, output_final_state, *self._options(options), varlen=varlen)
-            return o, _or_empty(ht, q)
+            o, ht, *residuals = forward(q, k, v, g, h0, scale, output_final_state, *self._options(options),
+                                        varlen=varlen)
+            return o, _or_empty(ht, q), residuals
         return fwd
 
     def _bwd_impl(self, backward):
         def bwd(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], h0: Optional[Tensor], ht: Optional[Tensor],
-                do: Tensor, dht: Optional[Tensor], scale: float, options: list[int], cu_seqlens: Optional[Tensor],
-                chunk_indices: Optional[Tensor], chunk_offsets: Optional[Tensor],
+                residuals: list[Tensor], do: Tensor, dht: Optional[Tensor], scale: float, options: list[int],
+                cu_seqlens: Optional[Tensor], chunk_indices: Optional[Tensor], chunk_offsets: Optional[Tensor],
                 sizes: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
             q, k, v, do = (x.contiguous() for x in (q, k, v, do))
             g, h0, dht = (None if x is None else x.contiguous() for x in (g, h0, dht))
             varlen = varlen_from(cu_seqlens, chunk_indices, chunk_offsets, sizes)
-            dq, dk, dv, dg, dh0 = backward(q, k, v, g, h0, ht, do, dht, scale, *self._options(options),
+            dq, dk, dv, dg, dh0 = backward(q, k, v, g, h0, ht, *residuals, do, dht, scale, *self._options(options),
                                            varlen=varlen)
             return dq, dk, dv, _or_empty(dg, q), _or_empty(dh0, q)
         return bwd
 
-    def _backward(self, ctx, do, dht):
-        q, k, v, g, h0, ht, *packed = ctx.saved_tensors
+    def _fwd_fake(self, q, k, v, g, h0, scale, output_final_state, options, cu_seqlens, chunk_indices,
+                  chunk_offsets, sizes):
+        residuals = self.residuals(q, k, v, g, *self._options(options))
+        return torch.empty_like(v, dtype=q.dtype), _states(q, v, output_final_state, cu_seqlens, sizes), list(residuals)
+
+    def _backward(self, ctx, do, dht, _):
+        q, k, v, g, h0, ht, cu_seqlens, chunk_indices, chunk_offsets, *residuals = ctx.saved_tensors
         final = ctx.output_final_state
-        dq, dk, dv, dg, dh0 = self.bwd(q, k, v, g, h0, _or_none(ht, final), do, _or_none(dht, final),
-                                       ctx.scale, ctx.options, *packed, ctx.sizes)
+        dq, dk, dv, dg, dh0 = self.bwd(q, k, v, g, h0, _or_none(ht, final), residuals, do, _or_none(dht, final),
+                                       ctx.scale, ctx.options, cu_seqlens, chunk_indices, chunk_offsets, ctx.sizes)
         return dq, dk, dv, _or_none(dg, g is not None), _or_none(dh0, h0 is not None), *[None] * 7
 
     def apply(self, q, k, v, g, initial_state, scale, output_final_state, options, varlen=None):
         """``(o, final state or None)``: the call the family's door makes."""
-        o, ht = self.fwd(q, k, v, g, initial_state, scale, output_final_state, [int(x) for x in options],
-                         *varlen_parts(varlen))
+        o, ht, _ = self.fwd(q, k, v, g, initial_state, scale, output_final_state, [int(x) for x in options],
+                            *varlen_parts(varlen))
         return o, _or_none(ht, output_final_state)
 
 
 def _save(ctx, inputs, output):
     q, k, v, g, h0, scale, output_final_state, options, cu_seqlens, chunk_indices, chunk_offsets, sizes = inputs
-    ctx.save_for_backward(q, k, v, g, h0, output[1], cu_seqlens, chunk_indices, chunk_offsets)
+    ctx.save_for_backward(q, k, v, g, h0, output[1], cu_seqlens, chunk_indices, chunk_offsets, *output[2])
     ctx.scale, ctx.output_final_state, ctx.options, ctx.sizes = scale, output_final_state, options, sizes
 
 
@@ -136,11 +146,8 @@ def _states(q, v, output_final_state, cu_seqlens, sizes) -> Tensor:
     return q.new_empty(shape, dtype=torch.float32)
 
 
-def _fwd_fake(q, k, v, g, h0, scale, output_final_state, options, cu_seqlens, chunk_indices, chunk_offsets, sizes):
-    return torch.empty_like(v, dtype=q.dtype), _states(q, v, output_final_state, cu_seqlens, sizes)
-
-
-def _bwd_fake(q, k, v, g, h0, ht, do, dht, scale, options, cu_seqlens, chunk_indices, chunk_offsets, sizes):
+def _bwd_fake(q, k, v, g, h0, ht, residuals, do, dht, scale, options, cu_seqlens, chunk_indices, chunk_offsets,
+              sizes):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             _or_empty(None if g is None else torch.empty_like(g), q),
             _or_empty(None if h0 is None else torch.empty_like(h0), q))

@@ -33,7 +33,7 @@ from gla_ref.triton.common.host import (
     prepare_packed,
     stateful_function,
 )
-from gla_ref.triton.common.ops import Door, StatefulOp
+from gla_ref.triton.common.ops import Door, FamilyOp
 from gla_ref.triton.fused_chunk.backward import fused_chunk_backward
 from gla_ref.triton.fused_chunk.forward import CHUNK_SIZES, WHOLE_V, fused_chunk_forward
 
@@ -60,7 +60,7 @@ def allocated_bytes(B, T, H, K, V, dtype, gate_dtype=None, initial_state=False, 
 FusedChunkGLA = Door(stateful_function(
     "FusedChunkGLA", fused_chunk_forward, fused_chunk_backward,
     "Saves only the inputs (and the final state when it is returned, for the gate gradient)."),
-    StatefulOp("fused_chunk_gla", fused_chunk_forward, fused_chunk_backward, option_types=(int, bool)))
+    FamilyOp("fused_chunk_gla", fused_chunk_forward, fused_chunk_backward, option_types=(int, bool)))
 
 
 def fused_chunk_gla(q, k, v, g=None, *, scale=None, initial_state=None, output_final_state=False,
