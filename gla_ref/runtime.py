@@ -3,8 +3,8 @@
 Every chapter's first cell calls :func:`setup` with the frameworks it uses. On Colab, a laptop or a GPU
 machine it
 
-1. installs a framework only when it cannot be imported at all (``pip install``, the requirement of
-   :data:`REQUIREMENTS`): a framework already present — Colab's CUDA torch, a TPU jax — is never
+1. installs a framework's modules only when they cannot be imported (``pip install``, the requirements of
+   :data:`REQUIREMENTS`, absl with jax): a framework already present — Colab's CUDA torch, a TPU jax — is never
    upgraded or replaced, even when it is older than :data:`MINIMUM` (it says so instead);
 2. says plainly when the runtime must be restarted: when an install changed the version of a package
    this Python process has already imported (pip upgrading NumPy under a running kernel, say), the
@@ -27,8 +27,10 @@ import pathlib
 import subprocess
 import sys
 
-REQUIREMENTS = {"torch": "torch>=2.5", "triton": "triton>=3.3", "jax": "jax>=0.10"}
-"""What ``pip`` is asked for when a framework is missing (the ``torch`` and ``jax`` extras of gla_ref)."""
+REQUIREMENTS = {"torch": {"torch": "torch>=2.5"}, "triton": {"triton": "triton>=3.3"},
+                "jax": {"jax": "jax>=0.10", "absl": "absl-py>=1.0"}}
+"""Each framework's modules, and what ``pip`` is asked for when one of them cannot be imported (the ``torch``
+and ``jax`` extras of gla_ref: jax's Mosaic GPU modules import absl, which jax itself does not require)."""
 
 MINIMUM = {"torch": (2, 5), "triton": (3, 3), "jax": (0, 10)}
 """Oldest release of each framework the library is tested with."""
@@ -64,8 +66,13 @@ def repository_url() -> str:
 
 
 def available(name: str) -> bool:
-    """Whether ``name`` (``"torch"``, ``"triton"``, ``"jax"``) can be imported, without importing it."""
-    return importlib.util.find_spec(name) is not None
+    """Whether every module of the framework ``name`` (``"torch"``, ``"triton"``, ``"jax"``) can be imported,
+    without importing them."""
+    return not _missing_modules(name)
+
+
+def _missing_modules(name: str) -> list:
+    return [module for module in REQUIREMENTS[name] if importlib.util.find_spec(module) is None]
 
 
 def installable(name: str) -> bool:
@@ -123,7 +130,7 @@ def setup(*needs: str) -> None:
     if missing and os.environ.get(NO_INSTALL) != "1":
         imported = _imported_distributions()
         before = _distribution_versions(imported)
-        _pip_install([REQUIREMENTS[name] for name in missing])
+        _pip_install([REQUIREMENTS[name][module] for name in missing for module in _missing_modules(name)])
         changed = {name: (old, new) for name, new in _distribution_versions(imported).items()
                    if (old := before[name]) != new}
         if changed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -9,6 +10,8 @@ import textwrap
 import pytest
 
 from gla_ref import device, runtime
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -46,7 +49,12 @@ def test_describe_a_gpu_whose_jax_has_no_gpu_backend(machine, monkeypatch):
 
 
 def test_describe_this_machine():
-    assert device.describe().startswith("CPU: Triton kernels in Triton's CPU interpreter")
+    import torch
+
+    if torch.cuda.is_available():
+        assert device.describe().startswith(f"GPU {torch.cuda.get_device_name()}: Triton kernels compiled for this GPU")
+    else:
+        assert device.describe().startswith("CPU: Triton kernels in Triton's CPU interpreter")
 
 
 def test_setup_installs_only_missing_frameworks(monkeypatch, capsys):
@@ -55,9 +63,36 @@ def test_setup_installs_only_missing_frameworks(monkeypatch, capsys):
     monkeypatch.setattr(runtime, "_pip_install", installed.extend)
     monkeypatch.delenv(runtime.NO_INSTALL, raising=False)
     monkeypatch.setattr(runtime, "_status", lambda name: f"{name} ok")
+    monkeypatch.setattr(runtime, "_missing_modules", lambda name: [] if name != "jax" else ["jax", "absl"])
     runtime.setup("torch", "jax")
-    assert installed == ["jax>=0.10"]
+    assert installed == ["jax>=0.10", "absl-py>=1.0"]
     assert capsys.readouterr().out.splitlines() == ["torch ok", "jax ok", device.describe()]
+
+
+def test_jax_without_absl_gets_absl_and_nothing_else(monkeypatch):
+    """A jax installed without absl-py (a plain ``pip install gla_ref`` of jax) cannot run the Mosaic GPU
+    launcher's imports: the jax chapters' setup installs absl-py alone, and leaves jax as it is."""
+    import importlib.util
+
+    installed = []
+    real = importlib.util.find_spec
+    monkeypatch.setattr(runtime.importlib.util, "find_spec", lambda name: None if name == "absl" else real(name))
+    monkeypatch.setattr(runtime, "_pip_install", installed.extend)
+    monkeypatch.delenv(runtime.NO_INSTALL, raising=False)
+    monkeypatch.setattr(runtime, "_status", lambda name: f"{name} ok")
+    assert not runtime.available("jax")
+    runtime.setup("jax")
+    assert installed == ["absl-py>=1.0"]
+
+
+def test_the_requirements_are_the_extras_of_the_package():
+    """What setup installs is what ``pip install gla_ref[torch,jax]`` installs (pyproject.toml's extras)."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    ours = {req for parts in runtime.REQUIREMENTS.values() for req in parts.values()}
+    theirs = {req.split(";")[0].strip() for req in extras["torch"] + extras["jax"]}
+    assert ours == theirs
 
 
 def test_setup_installs_nothing_when_told_not_to(monkeypatch, capsys):
@@ -99,6 +134,7 @@ def test_setup_rejects_unknown_names():
 
 def test_needs_magic_runs_or_skips_cells():
     """In a real IPython shell (a subprocess, so no shell leaks into other tests)."""
+    pytest.importorskip("IPython")
     code = textwrap.dedent("""
         from IPython.core.interactiveshell import InteractiveShell
         from gla_ref import runtime
