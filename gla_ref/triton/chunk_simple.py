@@ -51,6 +51,7 @@ from gla_ref.triton.common.host import (
     varlen_args,
 )
 from gla_ref.triton.common.gates import invalid_to_nan
+from gla_ref.triton.common.ops import FamilyOp
 from gla_ref.triton.common.precision import dot_precision
 from gla_ref.triton.common.tiles import (
     block_range,
@@ -189,28 +190,71 @@ def simple_bwd_dqkg_kernel(q, k, v, b, h, dh, do, dq, dk, dg, cu_seqlens, chunk_
         tl.store(dg + part + token_base(bos, i_h, H, 1) + t * H, b_dg, mask=m_t)
 
 
+def total_gate(g, g_gamma, q) -> torch.Tensor:
+    """The scalar log-gate the kernels read, ``[B, T, H]`` float32: g, g_gamma (broadcast over batch and tokens), or
+    their sum (zeros with neither). Invalid gates become NaN in the cumsum kernel; before the sum, g_gamma (H
+    values) and, when both are given, g are made NaN here, so an invalid one cannot hide in a valid sum
+    (0.05 - 0.1)."""
+    B, T, H, _ = q.shape
+    g_total = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
+    if g is not None:
+        g_total = g_total + (g if g_gamma is None else invalid_to_nan(g))
+    if g_gamma is not None:
+        g_total = g_total + invalid_to_nan(g_gamma.float())
+    return g_total
+
+
+def simple_forward(q, k, v, g_total, h0, scale, output_final_state, chunk_size, states_in_fp32, varlen=None):
+    """The forward on contiguous inputs and the total gate: ``(o, final state or None, b)``, b (its chunk-local
+    cumulative sums, float32) kept for the backward."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    b = chunk_local_cumsum(g_total, chunk_size, varlen)
+    h, ht = chunk_state_fwd(k, v, b, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32)
+    o = torch.empty_like(v, dtype=q.dtype)
+    grid = lambda meta: (cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
+    simple_output_kernel[grid](q, k, v, b, h, o, scale=scale, T=T, H=H,
+                               K=K, V=V, C=chunk_size, BK=min(specs.SIMPLE_OUTPUT_BLOCK_K, block(K)),
+                               PREC=dot_precision(q), **varlen_args(varlen))
+    return o, ht, b
+
+
+def simple_backward(q, k, v, b, h0, do, dht, scale, chunk_size, store_dg, varlen=None):
+    """The backward on contiguous inputs: ``(dq, dk, dv, dg, dh0)``, dg the total gate's gradient ``[B, T, H]``
+    float32 (None unless ``store_dg``)."""
+    C = chunk_size
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    h, _ = chunk_state_fwd(k, v, b, h0, False, C, varlen, states_in_fp32=True)  # dq, dk read it: float32
+    dh, dh0 = chunk_state_bwd(q, b, do, dht, scale, h0 is not None, C, varlen)
+    meta = {"T": T, "H": H, "K": K, "V": V, "C": C,
+            "PREC": dot_precision(q), **varlen_args(varlen)}
+    dv = torch.empty_like(do, dtype=v.dtype)
+    grid = lambda m: (cdiv(V, m["BV"]), num_chunks(T, C, varlen), B * H)
+    simple_bwd_dv_kernel[grid](q, k, b, dh, do, dv, scale=scale, BK=min(64, block(K)), **meta)
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    dg = dg_partials(B, T, H, K, q.device) if store_dg else None
+    launched = {}
+
+    def grid(m):  # called for every launch: the last one is the launch whose partials count
+        launched["BK"] = m["BK"]
+        return cdiv(K, m["BK"]), num_chunks(T, C, varlen), B * H
+
+    simple_bwd_dqkg_kernel[grid](q, k, v, b, h, dh, do, dq, dk, dg, scale=scale, B=B,
+                                 BV=min(64, block(V)), STORE_DG=store_dg, **meta)
+    dg = dg[: cdiv(K, launched["BK"])].sum(0) if store_dg else None
+    return dq, dk, dv, dg, dh0
+
+
 class ChunkSimpleGLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, g_gamma, scale, initial_state, output_final_state, chunk_size, varlen=None,
                 states_in_fp32=False):
         q, k, v = (x.contiguous() for x in (q, k, v))
-        B, T, H, K = q.shape
-        g_total = torch.zeros(B, T, H, dtype=torch.float32, device=q.device)
-        # invalid gates become NaN in the cumsum kernel; before the sum, g_gamma (H values) and, when
-        # both are given, g are made NaN here, so an invalid one cannot hide in a valid sum (0.05 - 0.1)
-        if g is not None:
-            g_total += g if g_gamma is None else invalid_to_nan(g)
-        if g_gamma is not None:
-            g_total += invalid_to_nan(g_gamma.detach().float())
+        g_total = total_gate(g, None if g_gamma is None else g_gamma.detach(), q)
         h0 = None if initial_state is None else initial_state.contiguous()
-        b = chunk_local_cumsum(g_total, chunk_size, varlen)
-        h, ht = chunk_state_fwd(k, v, b, h0, output_final_state, chunk_size, varlen, states_in_fp32=states_in_fp32)
-        V = v.shape[-1]
-        o = torch.empty_like(v, dtype=q.dtype)
-        grid = lambda meta: (cdiv(V, meta["BV"]), num_chunks(T, chunk_size, varlen), B * H)
-        simple_output_kernel[grid](q, k, v, b, h, o, scale=scale, T=T, H=H,
-                                   K=K, V=V, C=chunk_size, BK=min(specs.SIMPLE_OUTPUT_BLOCK_K, block(K)),
-                                   PREC=dot_precision(q), **varlen_args(varlen))
+        o, ht, b = simple_forward(q, k, v, g_total, h0, scale, output_final_state, chunk_size, states_in_fp32,
+                                  varlen)
         ctx.save_for_backward(q, k, v, b, h0)
         ctx.scale, ctx.chunk_size, ctx.varlen = scale, chunk_size, varlen
         ctx.gate_dtypes = tuple(None if x is None else x.dtype for x in (g, g_gamma))
@@ -220,34 +264,25 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do, dht):
         q, k, v, b, h0 = ctx.saved_tensors
-        C, scale, varlen = ctx.chunk_size, ctx.scale, ctx.varlen
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        do = do.contiguous()
         dht = None if dht is None else dht.contiguous()
-        h, _ = chunk_state_fwd(k, v, b, h0, False, C, varlen, states_in_fp32=True)  # dq, dk read it: float32
-        dh, dh0 = chunk_state_bwd(q, b, do, dht, scale, h0 is not None, C, varlen)
-        meta = {"T": T, "H": H, "K": K, "V": V, "C": C,
-                "PREC": dot_precision(q), **varlen_args(varlen)}
-        dv = torch.empty_like(do, dtype=v.dtype)
-        grid = lambda m: (cdiv(V, m["BV"]), num_chunks(T, C, varlen), B * H)
-        simple_bwd_dv_kernel[grid](q, k, b, dh, do, dv, scale=scale, BK=min(64, block(K)), **meta)
-        g_dtype, gamma_dtype = ctx.gate_dtypes
         store_dg = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
-        dq, dk = torch.empty_like(q), torch.empty_like(k)
-        dg = dg_partials(B, T, H, K, q.device) if store_dg else None
-        launched = {}
-
-        def grid(m):  # called for every launch: the last one is the launch whose partials count
-            launched["BK"] = m["BK"]
-            return cdiv(K, m["BK"]), num_chunks(T, C, varlen), B * H
-
-        simple_bwd_dqkg_kernel[grid](q, k, v, b, h, dh, do, dq, dk, dg, scale=scale, B=B,
-                                     BV=min(64, block(V)), STORE_DG=store_dg, **meta)
-        dg = dg[: cdiv(K, launched["BK"])].sum(0) if store_dg else None
+        dq, dk, dv, dg, dh0 = simple_backward(q, k, v, b, h0, do.contiguous(), dht, ctx.scale, ctx.chunk_size,
+                                              store_dg, ctx.varlen)
+        g_dtype, gamma_dtype = ctx.gate_dtypes
         dg_g = dg.to(g_dtype) if ctx.needs_input_grad[3] else None
         dg_gamma = dg.sum((0, 1)).to(gamma_dtype) if ctx.needs_input_grad[4] else None
         return dq, dk, dv, dg_g, dg_gamma, None, dh0, None, None, None, None
+
+
+def _op_backward(q, k, v, g_total, h0, ht, b, do, dht, scale, chunk_size, states_in_fp32, varlen=None):
+    """:func:`simple_backward` as the custom operator calls it: the total gate's gradient always (autograd then
+    takes g's and g_gamma's from it)."""
+    return simple_backward(q, k, v, b, h0, do, dht, scale, chunk_size, True, varlen)
+
+
+ChunkSimpleGLAOp = FamilyOp("chunk_simple_gla", simple_forward, _op_backward, option_types=(int, bool),
+                            residuals=lambda q, k, v, g_total, *options: (torch.empty_like(g_total),))
+"""gla_ref::chunk_simple_gla_fwd/_bwd, on the total gate (:func:`total_gate`): what torch.compile traces."""
 
 
 def dg_partials(B, T, H, K, device) -> torch.Tensor:
@@ -286,6 +321,9 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None, initial_state
         _check_g_gamma(g_gamma, q, dims.H)
     output_final_state = check_flag("output_final_state", output_final_state)
     states_in_fp32 = check_flag("states_in_fp32", states_in_fp32)
+    if torch.compiler.is_compiling():  # the custom operators; the gates' sum traced, so autograd splits dg
+        return ChunkSimpleGLAOp.apply(q, k, v, total_gate(g, g_gamma, q), initial_state, check_scale(scale, dims.K),
+                                      output_final_state, (chunk_size, states_in_fp32), varlen)
     return ChunkSimpleGLAFunction.apply(q, k, v, g, g_gamma, check_scale(scale, dims.K),
                                         initial_state, output_final_state, chunk_size, varlen, states_in_fp32)
 
@@ -300,6 +338,8 @@ def _check_g_gamma(g_gamma, q, H: int) -> None:
         raise TypeError(f"g_gamma must be float16, bfloat16 or float32, got {g_gamma.dtype}")
     if g_gamma.device != q.device:
         raise ValueError(f"g_gamma is on {g_gamma.device} but q is on {q.device}")
+    if torch.compiler.is_compiling():  # traced: the operator's launch checks read g_gamma's sum
+        return
     if device.triton_interpret():
         refuse_interpreted_bf16({"g_gamma": g_gamma})
     if device.is_debug():

@@ -276,7 +276,7 @@ TRITON = {
                              "chunk_simple_gla: cumulative scalar gates", lambda s, b: 1, "f32", "g"),
     "simple_state_fwd": _state_fwd("gla_ref.triton.chunk.state.chunk_state_fwd", "chunk_simple_gla: chunk states", 1),
     "simple_output": KernelSpec(
-        name="simple_output_kernel", source="gla_ref.triton.chunk_simple.ChunkSimpleGLAFunction.forward",
+        name="simple_output_kernel", source="gla_ref.triton.chunk_simple.simple_forward",
         title="chunk_simple_gla: output, A rebuilt on chip",
         grid=_chunk_grid("⌈V/BV⌉", lambda s, b: cdiv(s.V, b["BV"])),
         blocks=lambda s: {"BK": min(specs.SIMPLE_OUTPUT_BLOCK_K, pow2(s.K)), "BV": specs.BLOCK_CONFIGS_FIRST},

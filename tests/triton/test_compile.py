@@ -1,6 +1,6 @@
 """torch.compile and the Triton families (CPU: Triton's interpreter; the GPU run is reported apart).
 
-While torch.compile traces, ``chunk_gla``, ``fused_recurrent_gla`` and ``fused_chunk_gla`` go through their custom operators
+While torch.compile traces, the four families (``chunk_simple_gla`` on the sum of its gates) go through their custom operators
 (gla_ref.triton.common.ops): checked by ``torch.library.opcheck`` (schema, fake tensors, autograd registration,
 AOT dispatch), and compiled with ``fullgraph=True`` (no graph break) they give the eager call's o, final state
 and every gradient bit for bit. ``backend="aot_eager"`` traces forward and backward as inductor would,
@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from gla_ref.layers.torch import GatedLinearAttention  # noqa: E402
-from gla_ref.triton import chunk, chunk_gla, fused_chunk, fused_chunk_gla, fused_recurrent, fused_recurrent_gla  # noqa: E402,E501
+from gla_ref.triton import (chunk, chunk_gla, chunk_simple, chunk_simple_gla, fused_chunk, fused_chunk_gla,  # noqa: E402
+                            fused_recurrent, fused_recurrent_gla)
 
 B, T, H, K, V = 1, 20, 2, 16, 24
 FAMILIES = {"chunk_gla": (lambda *a, **kw: chunk_gla(*a, chunk_size=16, **kw), chunk.ChunkGLA, [16, 0]),
@@ -69,6 +70,33 @@ def test_packed_batch_compiles_with_a_break_at_the_offsets():
     ys = [x.detach().clone().requires_grad_() for x in xs]
     compiled = _step(torch.compile(fused_recurrent_gla, backend="aot_eager"), ys, **kw)
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+
+
+def test_simple_gla_compiles_with_both_gates():
+    """chunk_simple_gla traced: g and g_gamma summed in the graph, the operator on the sum, autograd splitting its
+    gradient (dg_gamma summed over batch and tokens as eager does, possibly in another order)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, T, H, d, generator=gen) for d in (K, K, V))
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen)) / 4
+    gamma = -torch.rand(H, generator=gen) * 0.1
+    h0 = torch.randn(B, H, K, V, generator=gen)
+
+    def step(fn):
+        xs = [x.clone().requires_grad_() for x in (q, k, v, g, gamma, h0)]
+        o, ht = fn(*xs[:4], g_gamma=xs[4], initial_state=xs[5], output_final_state=True, chunk_size=16)
+        (o.square().sum() + ht.square().sum()).backward()
+        return [o.detach(), ht.detach(), *[x.grad for x in xs]]
+
+    g_total = chunk_simple.total_gate(g, gamma, q).requires_grad_()
+    result = torch.library.opcheck(chunk_simple.ChunkSimpleGLAOp.fwd,
+                                   (q, k, v, g_total, h0, 0.25, True, [16, 0], None, None, None, [0, 0, 0]))
+    assert set(result.values()) == {"SUCCESS"}, result
+    eager = step(chunk_simple_gla)
+    torch._dynamo.reset()
+    compiled = step(torch.compile(chunk_simple_gla, fullgraph=True, backend="aot_eager"))
+    for what, a, b in zip(("o", "final state", "dq", "dk", "dv", "dg", "dg_gamma", "dh0"), eager, compiled):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6 * float(a.abs().max())), what
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[2], compiled[2])
 
 
 @pytest.mark.parametrize("backend", ["chunk", "fused_recurrent", "fused_chunk"])
