@@ -20,6 +20,7 @@ import contextvars
 import os
 import sys
 from functools import lru_cache
+from typing import NamedTuple
 
 from gla_ref._validate import check_flag
 
@@ -35,6 +36,48 @@ def has_cuda() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+class GPU(NamedTuple):
+    """A CUDA GPU as the chapters choose for it: its name, compute capability and memory."""
+    name: str
+    capability: tuple
+    memory_gib: float
+
+    @property
+    def bf16(self) -> bool:
+        """bfloat16 tensor cores: compute capability 8.0 on (A100, L4, H100, H200); a T4 (7.5) has fp16 ones only."""
+        return tuple(self.capability) >= (8, 0)
+
+    @property
+    def hopper(self) -> bool:
+        """Compute capability 9.x (H100, H200): ``wgmma`` and TMA, which the Mosaic GPU launcher needs."""
+        return self.capability[0] == 9
+
+    def summary(self) -> str:
+        """One phrase: capability, memory, and what that means for the chapters."""
+        dtypes = "bf16 tensor cores" if self.bf16 else "no bf16 tensor cores: chapters use float16"
+        hopper = "; Hopper: the Mosaic GPU launcher runs" if self.hopper else ""
+        return f"sm_{self.capability[0]}{self.capability[1]}, {self.memory_gib:.0f} GiB, {dtypes}{hopper}"
+
+
+def gpu() -> GPU | None:
+    """The CUDA GPU this process uses, or None without one."""
+    if not has_cuda():
+        return None
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return GPU(props.name, (props.major, props.minor), props.total_memory / 2**30)
+
+
+def half_dtype():
+    """The 16-bit torch dtype a chapter runs the kernels in here: bfloat16 on a GPU with bf16 tensor cores, float16
+    on one without (a T4) and on a CPU (Triton's interpreter computes bf16 ``tl.dot`` wrongly)."""
+    import torch
+
+    card = gpu()
+    return torch.bfloat16 if card is not None and card.bf16 else torch.float16
 
 
 def jax_default_device():
@@ -170,10 +213,9 @@ def describe() -> str:
     interpreter, or skipped without Triton) and where the Pallas kernels run (Mosaic on a TPU, the GPU,
     or interpret mode on the CPU — also when a GPU is present but this jax has no GPU backend)."""
     platform = _jax_platform_or_none()
-    if has_cuda():
-        import torch
-
-        head = f"GPU {torch.cuda.get_device_name()}"
+    card = gpu()
+    if card is not None:
+        head = f"GPU {card.name}"
         triton = "Triton kernels compiled for this GPU" if has_triton() else "Triton not installed: its cells skip"
     else:
         head = f"TPU ({_tpu_kind()})" if platform == "tpu" else "CPU"
@@ -183,10 +225,10 @@ def describe() -> str:
         None: "JAX not installed: Pallas cells skip",
         "tpu": "Pallas lowered through Mosaic TPU",
         "gpu": "Pallas on the GPU (its Triton backend)",
-        "cpu": ("Pallas in interpret mode on the CPU (this jax has no GPU backend)" if has_cuda()
+        "cpu": ("Pallas in interpret mode on the CPU (this jax has no GPU backend)" if card is not None
                 else "Pallas in interpret mode on the CPU"),
     }.get(platform, f"Pallas on {platform}")
-    return f"{head}: {triton}; {pallas}"
+    return f"{head}: {triton}; {pallas}" + ("" if card is None else f" ({card.summary()})")
 
 
 def _tpu_kind() -> str:

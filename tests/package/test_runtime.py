@@ -17,8 +17,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.fixture
 def machine(monkeypatch):
     """Pretend to be a machine: ``machine(cuda=..., jax=..., triton=...)`` (jax: a platform or None)."""
-    def make(cuda=False, jax="cpu", triton=True):
+    def make(cuda=False, jax="cpu", triton=True, card=device.GPU("NVIDIA H200", (9, 0), 139.8)):
         monkeypatch.setattr(device, "has_cuda", lambda: cuda)
+        monkeypatch.setattr(device, "gpu", lambda: card if cuda else None)
         monkeypatch.setattr(device, "has_triton", lambda: triton)
         monkeypatch.setattr(device, "_jax_platform_or_none", lambda: jax)
         monkeypatch.setattr(device, "_tpu_kind", lambda: "TPU v5 lite")
@@ -36,16 +37,38 @@ def test_describe_a_laptop_without_triton(machine):
     assert device.describe() == "CPU: Triton not installed here: its cells skip; Pallas in interpret mode on the CPU"
 
 
-def test_describe_a_gpu_whose_jax_has_no_gpu_backend(machine, monkeypatch):
-    import torch
-
+def test_describe_a_gpu_whose_jax_has_no_gpu_backend(machine):
     machine(cuda=True, jax="cpu", triton=True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
     text = device.describe()
     assert text.startswith("GPU NVIDIA H200: Triton kernels compiled for this GPU;")
-    assert text.endswith("Pallas in interpret mode on the CPU (this jax has no GPU backend)")
+    assert text.endswith("Pallas in interpret mode on the CPU (this jax has no GPU backend) "
+                         "(sm_90, 140 GiB, bf16 tensor cores; Hopper: the Mosaic GPU launcher runs)")
     machine(cuda=True, jax=None, triton=True)
-    assert device.describe().endswith("JAX not installed: Pallas cells skip")
+    assert "JAX not installed: Pallas cells skip (sm_90" in device.describe()
+
+
+@pytest.mark.parametrize("card, half, words", [
+    (device.GPU("Tesla T4", (7, 5), 14.7), "float16", "sm_75, 15 GiB, no bf16 tensor cores: chapters use float16)"),
+    (device.GPU("NVIDIA L4", (8, 9), 22.0), "bfloat16", "sm_89, 22 GiB, bf16 tensor cores)"),
+    (device.GPU("NVIDIA A100-SXM4-40GB", (8, 0), 39.4), "bfloat16", "sm_80, 39 GiB, bf16 tensor cores)"),
+    (device.GPU("NVIDIA H200", (9, 0), 139.8), "bfloat16", "bf16 tensor cores; Hopper: the Mosaic GPU launcher runs)")],
+    ids=["T4", "L4", "A100", "H200"])
+def test_colab_gpus_choose_what_they_can_run(machine, card, half, words):
+    """Colab's GPUs, faked (no Colab here): the setup line names what each can run, and the chapters' 16-bit
+    dtype follows it (a T4 has no bf16 tensor cores; only Hopper runs the Mosaic GPU launcher)."""
+    import torch
+
+    machine(cuda=True, jax="gpu", triton=True, card=card)
+    assert device.describe().startswith(f"GPU {card.name}: ") and device.describe().endswith(words)
+    assert device.half_dtype() == getattr(torch, half)
+    assert card.hopper == (card.name == "NVIDIA H200")
+
+
+def test_a_cpu_runs_float16():
+    import torch
+
+    if not torch.cuda.is_available():
+        assert device.gpu() is None and device.half_dtype() == torch.float16
 
 
 def test_describe_this_machine():
