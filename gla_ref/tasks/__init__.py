@@ -1,1 +1,2 @@
-"""Synthetic tasks the book trains models on (MQAR, chapter 8). Importing this package loads no framework."""
+"""Synthetic tasks the book trains models on (chapter 8): MQAR, and the tiny grammar of `text`. Importing this
+package loads no framework."""
