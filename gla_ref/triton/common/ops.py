@@ -78,7 +78,7 @@ class FamilyOp:
     """
 
     def __init__(self, name: str, forward, backward, option_types: tuple, residuals=None):
-        self.name, self.option_types, self.residuals = name, option_types, residuals or (lambda *args: ())
+        self.option_types, self.residuals = option_types, residuals or (lambda *args: ())
         self.fwd = torch.library.custom_op(f"gla_ref::{name}_fwd", self._fwd_impl(forward), mutates_args=())
         self.bwd = torch.library.custom_op(f"gla_ref::{name}_bwd", self._bwd_impl(backward), mutates_args=())
         self.fwd.register_fake(self._fwd_fake)
